@@ -1,0 +1,490 @@
+"""tcp_proxy: four ways to stand between clients and a line-protocol server.
+
+The lesson: a connection pool's checkin is a parse. A pool may lend a connection
+to the next borrower only once the last reply has ended, and only the protocol
+knows where a reply ends; TCP delivers bytes, not messages.
+
+Map of the module, in reading order (COMMENTARY.md walks it in the same order):
+
+    answer(), read_lines()   the line protocol: GET key -> key=VVVVVVVVVVVV, PING -> PONG
+    Hooks                    scaffolding: counters of real events, and wait_<counter>(n)
+    Server                   scaffolding: listen on 127.0.0.1:0, a thread per connection,
+                             close() joins every thread and closes every socket
+    Upstream                 the server behind every proxy; it frames its input honestly
+    Relay                    the pump shared by the two protocol-blind relays
+    NaiveProxy               one upstream socket shared by all clients; replies go to the
+                             client that wrote last, or to every client
+    FramedProxy              a pool: one borrow per request, checked back in when the
+                             reply is over, judged by its b"\\n" or by a silence
+    PassthroughProxy         one upstream connection per client; the layer-4 baseline
+
+The hooks: every object counts events in named counters (see each class's
+`counters`) and offers wait_<counter>(n), which blocks until that counter
+reaches n and raises TimeoutError, naming every counter, if it does not.
+demo.py sequences every step on them instead of sleeping.
+
+The order a request takes through FramedProxy:
+    client line -> read_lines() -> exchange(): checkout() -> sendall -> read_reply()
+    -> checkin() -> the reply line back to the client
+"""
+import contextlib
+import itertools
+import queue
+import select
+import socket
+import threading
+
+MAX_LINE = 64 * 1024   # the longest request line anyone here will buffer
+CHUNK = 4096           # bytes asked of one recv()
+
+
+# --- the line protocol ------------------------------------------------------
+
+def answer(line):
+    """The upstream's reply to one request line (without its b"\\n"), b"\\n" included."""
+    command, *keys = line.rstrip(b"\r").split(b" ")
+    if command == b"PING" and not keys:
+        return b"PONG\n"
+    if command == b"GET" and len(keys) == 1 and keys[0]:
+        return keys[0] + b"=" + keys[0][:1].upper() * 12 + b"\n"
+    return b"ERR expected 'GET <key>' or 'PING', got '%s'\n" % line[:40]
+
+
+class LineTooLong(ValueError):
+    """A peer sent more than MAX_LINE bytes without a b"\\n"."""
+
+
+def recv(sock):
+    """One recv(); a reset or a socket shut down by close() reads as EOF (b"")."""
+    try:
+        return sock.recv(CHUNK)
+    except OSError:
+        return b""
+
+
+def read_lines(sock, on_bytes=lambda n: None):
+    """Yield each line (without b"\\n") however the bytes were cut; return at EOF.
+
+    A recv() may hold half a line or three: lines already buffered are yielded
+    without another recv(). Raises LineTooLong instead of buffering past MAX_LINE.
+    """
+    buffer = b""
+    while True:
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            yield line
+        if len(buffer) > MAX_LINE:
+            raise LineTooLong(f"line longer than {MAX_LINE} bytes")
+        data = recv(sock)
+        if not data:
+            return
+        on_bytes(len(data))
+        buffer += data
+
+
+def more_of_reply(sock):
+    """The next bytes of a reply; EOF before the reply's end is an error."""
+    data = recv(sock)
+    if not data:
+        raise ConnectionResetError("upstream closed mid-reply")
+    return data
+
+
+def shutdown(sock, how=socket.SHUT_RDWR):
+    """shutdown() that tolerates a peer or a thread that got there first."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(how)
+
+
+def send_quietly(sock, data):
+    """sendall() to a peer that may have gone: then there is no one to tell."""
+    with contextlib.suppress(OSError):
+        sock.sendall(data)
+
+
+# --- scaffolding: hooks and the server lifecycle ----------------------------
+
+class Hooks:
+    """Named counters of real events, and wait_<counter>(n) for each of them.
+
+    Scaffolding: nothing in a proxy's mechanism reads these counters; they exist
+    so demo.py and the tests can wait for an event instead of sleeping. A counter
+    whose start value is a list counts its length (Upstream.requests).
+    """
+    counters = {}          # name -> start value; each class adds its own
+    hook_timeout = 10.0    # seconds a wait_<counter>() may block before it raises
+
+    def __init__(self):
+        self._changed = threading.Condition()   # notified by count() on every bump
+        for name, start in self.counters.items():
+            setattr(self, name, start.copy() if isinstance(start, list) else start)
+
+    def count(self, name, amount=1):
+        """Bump a counter (append `amount` to a list counter) and wake all waiters."""
+        with self._changed:
+            value = getattr(self, name)
+            value.append(amount) if isinstance(value, list) else setattr(self, name, value + amount)
+            self._changed.notify_all()
+
+    def level(self, name):
+        value = getattr(self, name)
+        return len(value) if isinstance(value, list) else value
+
+    def wait_until(self, ready, what, timeout=None):
+        """Block until ready() is true; raise TimeoutError naming `what` if it is not."""
+        with self._changed:
+            if not self._changed.wait_for(ready, timeout or self.hook_timeout):
+                raise TimeoutError(f"gave up waiting for {what}: {self!r}")
+
+    def __getattr__(self, attribute):   # called only for names not found otherwise
+        name = attribute[len("wait_"):]
+        if attribute.startswith("wait_") and name in self.counters:
+            return lambda n, timeout=None: self.wait_until(
+                lambda: self.level(name) >= n, f"{name} to reach {n}", timeout)
+        raise AttributeError(attribute)
+
+    def __repr__(self):
+        shown = ", ".join(f"{name}={self.level(name)}" for name in self.counters)
+        return f"<{type(self).__name__} {shown}>"
+
+
+class Server(Hooks):
+    """Listen on 127.0.0.1, port 0; run handle(conn) in a thread per connection.
+
+    close() (or leaving a `with` block) shuts every socket down, which wakes any
+    thread blocked in recv(), joins every thread, then closes every socket.
+    """
+    counters = {"connections": 0, "opened": 0}
+    # connections  accepted on .addr; bumped by the accept loop
+    # opened       opened by this object to its upstream; bumped by connect()
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Condition()   # guards the three fields below and any state
+        # a subclass shares between threads; close() notifies it, so waiters see `closed`
+        self._threads = []
+        self._sockets = set()
+        self.closed = False
+        self._listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
+        self.addr = self._listener.getsockname()
+        self.spawn(self._accept_loop)
+
+    def handle(self, conn):
+        """Serve one accepted connection until it ends; each subclass says how."""
+
+    def _accept_loop(self):
+        while True:
+            conn, _ = self._listener.accept()
+            if self.closed:   # the wake-up connection made by close()
+                conn.close()
+                return
+            self.track(conn)
+            self.count("connections")
+            self.spawn(self._serve, conn)
+
+    def _serve(self, conn):
+        try:
+            self.handle(conn)
+        except LineTooLong as error:
+            send_quietly(conn, b"ERR %s\n" % str(error).encode())
+        except OSError:
+            pass   # the peer vanished mid-conversation; nothing is owed to it
+        finally:
+            self.forget(conn)
+
+    def spawn(self, target, *args):
+        """Start a thread that close() will join."""
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        with self._lock:   # started under the lock, so close() never misses it
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+            thread.start()
+        return thread
+
+    def track(self, sock):
+        """Note a socket for close(); one made after close() is shut down at once."""
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._lock:
+            self._sockets.add(sock)
+            if self.closed:
+                shutdown(sock)
+        return sock
+
+    def forget(self, sock):
+        """Close a socket whose work is done."""
+        with self._lock:
+            self._sockets.discard(sock)
+            sock.close()
+
+    def connect(self, addr):
+        """Open a tracked connection to addr (the upstream)."""
+        sock = self.track(socket.create_connection(addr))
+        self.count("opened")
+        return sock
+
+    def close(self):
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            for sock in self._sockets:
+                shutdown(sock)
+            self._lock.notify_all()
+        socket.create_connection(self.addr).close()   # unblocks accept()
+        while alive := [t for t in self._threads if t.is_alive()]:
+            alive[0].join()   # joined threads may have spawned others: look again
+        self._listener.close()
+        for sock in self._sockets:   # what outlived its handler: pooled, shared sockets
+            sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+
+# --- the upstream ------------------------------------------------------------
+
+class Upstream(Server):
+    """The line-protocol server. It keeps its own framing buffer (read_lines), so
+    it is never fooled by how a recv() cut the bytes, only by what they say.
+
+    Scaffolding knobs, used only by demo.py and the tests:
+      gate=N        hold every reply until N requests have arrived in total
+      split_at=K    write each reply in two parts, its first K bytes, then the rest
+      pause(k)      called before the rest of reply k (counted from 1) when
+                    split_at is set, else before the whole of it
+    """
+    counters = {**Server.counters, "bytes_in": 0, "requests": [], "replies": 0}
+    # bytes_in  bytes received from all connections; bumped per recv()
+    # requests  request lines parsed, in arrival order; bumped per line
+    # replies   replies written in full; bumped after the last sendall()
+
+    def __init__(self, gate=0, split_at=None, pause=None):
+        super().__init__()
+        self.gate, self.split_at = gate, split_at
+        self.pause = pause
+        self._reply_numbers = itertools.count(1)   # numbers replies for pause()
+
+    def handle(self, conn):
+        """Read and parse on this thread; a writer thread sends the replies in order,
+        so a held reply (gate, pause) never stops the reading."""
+        replies = queue.SimpleQueue()
+        writer = self.spawn(self._write_replies, conn, replies)
+        try:
+            for line in read_lines(conn, lambda n: self.count("bytes_in", n)):
+                self.count("requests", line.decode("utf-8", "replace"))
+                replies.put(answer(line))
+        finally:
+            replies.put(None)   # end of input: the writer drains what is queued, then stops
+            writer.join()
+
+    def _write_replies(self, conn, replies):
+        with contextlib.suppress(OSError):   # the client has gone: no one reads the rest
+            while (data := replies.get()) is not None:
+                self.reply(conn, data)
+
+    def reply(self, conn, data):
+        if self.gate:
+            self.wait_requests(self.gate)
+        number, cut = next(self._reply_numbers), self.split_at or 0
+        if cut:
+            conn.sendall(data[:cut])
+        if self.pause:
+            self.pause(number)
+        conn.sendall(data[cut:])
+        self.count("replies")
+
+
+# --- the two protocol-blind relays -------------------------------------------
+
+class Relay(Server):
+    """What NaiveProxy and PassthroughProxy share: a pump that copies bytes and
+    never looks inside them. They differ only in where the upstream socket comes from."""
+
+    def pump(self, source, deliver, counter):
+        """Copy bytes from source to deliver() until EOF, adding their count to counter."""
+        with contextlib.suppress(OSError):   # the far side has gone: stop as at EOF
+            while data := recv(source):
+                deliver(data)   # the whole data path
+                self.count(counter, len(data))
+
+
+class NaiveProxy(Relay):
+    """One upstream socket, opened once and shared by every client.
+
+    Client bytes go up as they arrive. Upstream bytes go to the client that wrote
+    last (routing="last") or to every client (routing="broadcast"): the only two
+    rules possible, because a reply does not say whose request it answers.
+    """
+    counters = {**Server.counters, "forwarded": 0, "routed": 0}
+    # forwarded  client bytes written upstream; bumped by the client's pump
+    # routed     upstream bytes handed to clients (once, however many copies)
+
+    def __init__(self, upstream_addr, routing="last"):
+        if routing not in ("last", "broadcast"):
+            raise ValueError(f"routing is 'last' or 'broadcast', not {routing!r}")
+        super().__init__()
+        self.routing = routing
+        self.clients = []   # connected clients, in arrival order
+        self.last = None    # the client whose bytes went up most recently
+        self.upstream = self.connect(upstream_addr)
+        self.spawn(self._downstream)
+
+    def handle(self, client):
+        with self._lock:
+            self.clients.append(client)
+        self.pump(client, lambda data: self.forward(client, data), "forwarded")
+        with self._lock:
+            self.clients.remove(client)
+
+    def forward(self, client, data):
+        with self._lock:   # one chunk goes up whole, and `last` names its sender
+            self.last = client   # looks like the decision; scenario 3 shows it is inert
+            self.upstream.sendall(data)
+
+    def _downstream(self):
+        self.pump(self.upstream, self.route, "routed")
+        with self._lock:   # the upstream is gone: tell every client
+            for client in self.clients:
+                shutdown(client, socket.SHUT_WR)
+
+    def route(self, data):
+        with self._lock:
+            targets = list(self.clients) if self.routing == "broadcast" else [self.last]
+        for client in filter(None, targets):
+            send_quietly(client, data)
+
+
+# --- the pool that parses ----------------------------------------------------
+
+class PooledConnection:
+    """An upstream socket and the bytes already read past the last reply's end."""
+
+    def __init__(self, sock):
+        self.sock, self.leftover = sock, b""
+
+
+class FramedProxy(Server):
+    """A pool of at most pool_cap upstream connections; one borrow per request.
+
+    release="framed" checks a connection in after the reply's b"\\n" and keeps any
+    bytes read past it with the connection; release="timeout" checks it in once
+    the upstream has been silent for release_timeout seconds.
+    """
+    counters = {**Server.counters, "released": 0, "discarded": 0, "partial_replies": 0}
+    # released         checkins to the idle list; bumped by checkin()
+    # discarded        connections closed after a failed exchange
+    # partial_replies  framed reads that held part of a reply and went back for more
+
+    def __init__(self, upstream_addr, pool_cap=1, release="framed", release_timeout=0.05):
+        if release not in ("framed", "timeout"):
+            raise ValueError(f"release is 'framed' or 'timeout', not {release!r}")
+        super().__init__()
+        self.upstream_addr, self.pool_cap = upstream_addr, pool_cap
+        self.release, self.release_timeout = release, release_timeout
+        self.idle = []     # connections checked in, ready to lend
+        self.open = 0      # connections open now, idle or lent; never above pool_cap
+        self._pool = self._lock   # notified by checkin(), and by close() to end all waits
+
+    def handle(self, client):
+        for line in read_lines(client):
+            client.sendall(self.exchange(line + b"\n"))
+
+    def exchange(self, request):
+        """Send one request upstream and return its reply (an ERR line if that fails)."""
+        connection, finished = None, False
+        try:
+            connection = self.checkout()
+            connection.sock.sendall(request)
+            reply, connection.leftover = self.read_reply(connection)
+            finished = True
+            return reply
+        except OSError as error:
+            return b"ERR upstream: %s\n" % str(error).encode()
+        finally:
+            if connection:   # a failed exchange's connection is never lent again
+                self.checkin(connection, finished)
+
+    def checkout(self):
+        """Reuse an idle connection, else open one below the cap, else wait."""
+        with self._pool:
+            while not (self.idle or self.open < self.pool_cap or self.closed):
+                self._pool.wait()
+            if self.closed:
+                raise ConnectionAbortedError("proxy closed")
+            if self.idle:
+                return self.idle.pop()
+            self.open += 1
+        try:
+            return PooledConnection(self.connect(self.upstream_addr))
+        except OSError:
+            with self._pool:   # the slot we reserved is free again
+                self.open -= 1
+                self._pool.notify()
+            raise
+
+    def checkin(self, connection, finished):
+        """Park a connection whose exchange finished; close one whose exchange did not."""
+        with self._pool:
+            if finished:
+                self.idle.append(connection)
+            else:
+                self.open -= 1
+            self._pool.notify()
+        if not finished:
+            self.forget(connection.sock)
+        self.count("released" if finished else "discarded")
+
+    def read_reply(self, connection):
+        """Read one reply; return it and the bytes read past its end.
+
+        The load-bearing method: whatever it returns, checkin() treats the
+        exchange as over and lends the connection to the next borrower.
+        """
+        sock, buffer = connection.sock, connection.leftover
+        if self.release == "framed":   # over when the delimiter has arrived
+            while b"\n" not in buffer:
+                if buffer:
+                    self.count("partial_replies")
+                buffer += more_of_reply(sock)
+            reply, rest = buffer.split(b"\n", 1)
+            return reply + b"\n", rest
+        # "timeout": over when the upstream has said nothing for release_timeout
+        while select.select([sock], [], [], self.release_timeout)[0]:
+            buffer += more_of_reply(sock)
+        return buffer, b""
+
+
+# --- the layer-4 baseline ----------------------------------------------------
+
+class PassthroughProxy(Relay):
+    """One upstream connection per client and a pump each way (what socat does).
+
+    On EOF from one side, half_close=True passes it on with shutdown(SHUT_WR),
+    leaving the other direction open; half_close=False ends the whole relay.
+    """
+    counters = {**Server.counters, "forwarded": 0, "returned": 0, "eofs": 0}
+    # forwarded  client bytes written upstream; bumped by the client-to-upstream pump
+    # returned   upstream bytes written to clients; bumped by the upstream-to-client pump
+    # eofs       EOFs seen on either side; bumped after they are passed on
+
+    def __init__(self, upstream_addr, half_close=True):
+        super().__init__()
+        self.upstream_addr, self.half_close = upstream_addr, half_close
+
+    def handle(self, client):
+        upstream = self.connect(self.upstream_addr)
+        back = self.spawn(self._one_way, upstream, client, "returned")
+        self._one_way(client, upstream, "forwarded")
+        back.join()
+        self.forget(upstream)
+
+    def _one_way(self, source, sink, counter):
+        self.pump(source, sink.sendall, counter)
+        if self.half_close:
+            shutdown(sink, socket.SHUT_WR)   # "no more from this side"; replies still flow
+        else:
+            shutdown(source)                 # the whole relay ends, in both directions
+            shutdown(sink)
+        self.count("eofs")
