@@ -1,0 +1,397 @@
+"""demo.py: the toy's argument, run on real sockets, as a transcript that is the
+same bytes on every run.
+
+    python3 demo.py                  every scenario, in order
+    python3 demo.py --list           the scenarios' names
+    python3 demo.py --only NAME      one scenario
+    python3 demo.py --race [--trials N]
+                                     the same questions unscripted: one run's numbers
+    python3 demo.py --managed        the reliability layer's scenarios (managed.py)
+
+How it stays byte-identical: nothing it prints carries a port, a time or a
+thread id, and no step sleeps. Every step waits on a hook (wait_<counter>(n))
+for an event that really happened. The whole transcript is held back until
+every scenario has finished, so a hook that times out prints no transcript at
+all: the demo names the scenario on stderr and exits 1.
+"""
+import argparse
+import contextlib
+import io
+import math
+import socket
+import statistics
+import sys
+import threading
+
+from tcp_proxy import FramedProxy, NaiveProxy, PassthroughProxy, Upstream, answer
+
+CLIENT_NAMES = "ABCDEFGH"
+KEY_WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+ROUNDS = 3   # requests per client in the many-client scenarios
+READ_TIMEOUT = 10.0   # a demo client that waits longer than this has found a bug
+
+
+# --- the demo's clients -------------------------------------------------------
+
+class Client:
+    """One demo client: a named socket that remembers what it sent."""
+
+    def __init__(self, name, addr, timeout=READ_TIMEOUT):
+        self.name, self.sent = name, []
+        self.sock = socket.create_connection(addr)
+        self.sock.settimeout(timeout)
+        self.reader = self.sock.makefile("rb")
+
+    def send(self, data):
+        self.sent.append(data)
+        self.sock.sendall(data)
+
+    def read_line(self):
+        return self.reader.readline()
+
+    def read_to_eof(self):
+        return self.reader.read()
+
+    def close(self):
+        self.reader.close()
+        self.sock.close()
+
+
+def clients(stack, addr, count, **options):
+    """`count` connected clients named A, B, ..., closed when `stack` closes."""
+    made = [Client(name, addr, **options) for name in CLIENT_NAMES[:count]]
+    for client in made:
+        stack.callback(client.close)
+    return made
+
+
+def request(key):
+    return b"GET %s\n" % key.encode()
+
+
+def keys_for(index, rounds=ROUNDS):
+    """Client `index` asks for its own word with a round number: alpha1, alpha2, ..."""
+    return [f"{KEY_WORDS[index]}{round_number}" for round_number in range(1, rounds + 1)]
+
+
+def ask_in_turn(client, keys):
+    """Send each request and wait for one reply line; return how many were right."""
+    right = 0
+    for key in keys:
+        client.send(request(key))
+        right += client.read_line() == answer(request(key)[:-1])
+    return right
+
+
+def run_concurrently(work, *argument_lists):
+    """Run work(*arguments) for each argument list on its own thread; return the results."""
+    results = [None] * len(argument_lists)
+
+    def run(index, arguments):
+        results[index] = work(*arguments)
+
+    threads = [threading.Thread(target=run, args=(index, arguments))
+               for index, arguments in enumerate(argument_lists)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def show(data):
+    """Bytes as Python writes them, so every b"\\n" is visible, with their count."""
+    return f"{data!r} ({len(data)} bytes)"
+
+
+def sent_line(client):
+    return f"  {client.name} sent      " + "  then  ".join(repr(data) for data in client.sent)
+
+
+def parsed_line(upstream):
+    return "  upstream parsed  " + ", ".join(repr(line) for line in upstream.requests)
+
+
+# --- the scenarios, in the order the commentary reads them ---------------------
+
+def interleave():
+    """Two clients' bytes interleave on the one shared upstream connection."""
+    with contextlib.ExitStack() as stack:
+        upstream = stack.enter_context(Upstream())
+        proxy = stack.enter_context(NaiveProxy(upstream.addr))
+        a, b = clients(stack, proxy.addr, 2)
+        proxy.wait_connections(2)
+        a.send(b"GET alp")
+        proxy.wait_forwarded(7)
+        b.send(b"GET beta\n")
+        proxy.wait_forwarded(16)
+        upstream.wait_replies(1)
+        first_error = len(answer(b"GET alpGET beta"))
+        proxy.wait_routed(first_error)   # B's turn must be over before A speaks again
+        a.send(b"ha\n")
+        proxy.wait_forwarded(19)
+        proxy.wait_routed(first_error + len(answer(b"ha")))
+        proxy.close()
+        print(sent_line(a))
+        print(sent_line(b))
+        print(parsed_line(upstream))
+        print(f"  A received  {show(a.read_to_eof())}")
+        print(f"  B received  {show(b.read_to_eof())}")
+        sent = sum(map(len, a.sent + b.sent))
+        print(f"  verdict: {sent} bytes sent, {proxy.forwarded} forwarded, {upstream.bytes_in} "
+              f"received upstream: nothing lost, nothing doubled, and the upstream parsed "
+              f"{len(upstream.requests)} requests that nobody sent")
+
+
+def misdelivery(routing):
+    """A then B send one whole request each; the replies are routed by `routing`."""
+    with contextlib.ExitStack() as stack:
+        upstream = stack.enter_context(Upstream(gate=2))   # no reply before both requests are in
+        proxy = stack.enter_context(NaiveProxy(upstream.addr, routing=routing))
+        a, b = clients(stack, proxy.addr, 2)
+        proxy.wait_connections(2)
+        a.send(b"GET alpha\n")
+        proxy.wait_forwarded(10)
+        b.send(b"GET beta\n")
+        proxy.wait_forwarded(19)
+        proxy.wait_routed(len(answer(b"GET alpha") + answer(b"GET beta")))
+        proxy.close()
+        print(sent_line(a))
+        print(sent_line(b))
+        print(parsed_line(upstream))
+        received = {client.name: client.read_to_eof() for client in (a, b)}
+        for name, data in received.items():
+            print(f"  {name} received  {show(data)}")
+        return received
+
+
+def headline():
+    received = misdelivery("last")
+    print(f"  verdict: B holds alpha's answer and its own ({len(received['B'])} bytes); "
+          f"A, who asked for alpha, holds {len(received['A'])}")
+
+
+def broadcast():
+    received = misdelivery("broadcast")
+    print(f"  verdict: both clients hold both answers ({len(received['A'])} and "
+          f"{len(received['B'])} bytes): the other routing rule leaks to everyone")
+
+
+def many_clients(proxy_addr, count=8):
+    """`count` clients at once, each asking for its own keys in turn; right answers in all."""
+    with contextlib.ExitStack() as stack:
+        crowd = clients(stack, proxy_addr, count)
+        return sum(run_concurrently(ask_in_turn, *[(c, keys_for(i)) for i, c in enumerate(crowd)]))
+
+
+def passthrough():
+    with Upstream() as upstream, PassthroughProxy(upstream.addr) as proxy:
+        right = many_clients(proxy.addr)
+        proxy.wait_eofs(16)   # both directions of all 8 relays have ended
+        print(f"  8 clients x {ROUNDS} requests, each client asking for its own keys "
+              f"({', '.join(keys_for(0))} for A)")
+        print(f"  right answers: {right}/24")
+        print(f"  client connections: {proxy.connections}   upstream connections: "
+              f"{upstream.connections}   ratio: {proxy.connections / upstream.connections:.1f}")
+        print("  verdict: every answer right, and no multiplexing at all: one upstream "
+              "connection per client")
+
+
+def pool_caps():
+    print("  pool_cap  right  connections opened  requests per connection")
+    for cap in (1, 2, 4, 8, 16):
+        # scaffolding: holding replies until min(cap, 8) requests are in forces the
+        # pool to open every connection it can, so the count does not depend on luck
+        with Upstream(gate=min(cap, 8)) as upstream, FramedProxy(upstream.addr, pool_cap=cap) as proxy:
+            right = many_clients(proxy.addr)
+            print(f"  {cap:>8}  {right:>2}/24  {proxy.opened:>18}  {24 / proxy.opened:>23.1f}")
+    print("  verdict: right on every row; connections opened = min(pool_cap, requests in "
+          "flight), so cap 16 opens 8")
+
+
+def release_rules():
+    print("  release  upstream writes each reply      right")
+    for release in ("framed", "timeout"):
+        for split in (False, True):
+            right = release_trial(release, split)
+            pattern = "in two parts, paused between" if split else "in one write"
+            print(f"  {release:<7}  {pattern:<30}  {right}/8")
+    print("  verdict: the delimiter never notices the pause; the timeout releases the "
+          "connection mid-reply every time, and every later borrower reads the tail of "
+          "the answer before its own")
+
+
+def release_trial(release, split):
+    """8 clients, one request each, through a pool of one connection; right answers."""
+    proxy = None
+
+    def until_borrower_decides(reply_number):
+        # The rest of the reply waits for the borrower's verdict on the first part:
+        # framed goes back for more, timeout checks the connection in. A real upstream
+        # pauses for a while; this one pauses exactly until that event, so no
+        # scheduling delay can change the outcome.
+        proxy.wait_until(lambda: proxy.partial_replies >= reply_number
+                         or proxy.released >= reply_number,
+                         f"the borrower's decision on reply {reply_number}")
+
+    with contextlib.ExitStack() as stack:
+        upstream = stack.enter_context(
+            Upstream(split_at=6, pause=until_borrower_decides) if split else Upstream())
+        proxy = stack.enter_context(FramedProxy(upstream.addr, pool_cap=1, release=release))
+        crowd = clients(stack, proxy.addr, 8)
+        for client, word in zip(crowd, KEY_WORDS):
+            client.send(request(word))
+            client.sock.shutdown(socket.SHUT_WR)   # one request: the proxy closes after its reply
+        return sum(client.read_to_eof() == answer(request(word)[:-1])
+                   for client, word in zip(crowd, KEY_WORDS))
+
+
+def serialised():
+    with contextlib.ExitStack() as stack:
+        upstream = stack.enter_context(Upstream())
+        proxy = stack.enter_context(NaiveProxy(upstream.addr))
+        crowd = clients(stack, proxy.addr, 8)
+        right = 0
+        for round_number in range(ROUNDS):   # one request in flight at any moment
+            for index, client in enumerate(crowd):
+                right += ask_in_turn(client, keys_for(index)[round_number:round_number + 1])
+        print(f"  8 clients take turns, {ROUNDS} rounds, one request in flight at a time")
+        print(f"  right answers: {right}/24")
+        print(f"  client connections: {proxy.connections}   upstream connections: "
+              f"{upstream.connections}   ratio: {proxy.connections / upstream.connections:.1f}")
+        print("  verdict: the blind relay is right when only one answer can be in flight: "
+              "that is serialisation, not multiplexing")
+
+
+def half_close():
+    for half in (True, False):
+        with Upstream() as upstream, PassthroughProxy(upstream.addr, half_close=half) as proxy:
+            upstream.pause = lambda reply_number: proxy.wait_eofs(1)   # reply only after the EOF
+            client = Client("A", proxy.addr)
+            client.send(b"GET alpha\n")
+            client.sock.shutdown(socket.SHUT_WR)
+            received = client.read_to_eof()
+            client.close()
+        rule = "shutdown(SHUT_WR)" if half else "close both sides"
+        print(f"  half_close={half!s:<5}  on the client's EOF: {rule:<17}  "
+              f"A received {show(received)}")
+    print("  verdict: passing the EOF on as a half-close delivers the whole reply; "
+          "closing forgets that the other direction was still open")
+
+
+SCENARIOS = [
+    ("interleave", "Two clients' bytes interleave on one upstream socket", interleave),
+    ("headline", "Whole requests, one after the other: B gets A's answer", headline),
+    ("broadcast", "The other routing rule: everyone gets everything", broadcast),
+    ("passthrough", "One upstream connection per client: right, and 1:1", passthrough),
+    ("pool", "A pool that parses: right at every cap", pool_caps),
+    ("release", "Release rule x upstream write pattern, pool cap 1", release_rules),
+    ("boundary", "The blind relay with one request in flight", serialised),
+    ("half-close", "A client half-closes while the upstream still holds its reply",
+     half_close),
+]
+
+
+# --- --race: the same questions, unscripted ------------------------------------------
+
+RACE_READ_TIMEOUT = 0.2   # an unanswered request counts as wrong after this long
+
+
+def naive_trial(routing, client_count):
+    """One unscripted trial through NaiveProxy; returns the wrong answers."""
+    with contextlib.ExitStack() as stack:
+        upstream = stack.enter_context(Upstream())
+        proxy = stack.enter_context(NaiveProxy(upstream.addr, routing=routing))
+        crowd = clients(stack, proxy.addr, client_count, timeout=RACE_READ_TIMEOUT)
+        proxy.wait_connections(client_count)
+
+        def ask(client, keys):
+            with contextlib.suppress(OSError):   # a read that timed out: that answer is wrong
+                return ask_in_turn(client, keys)
+            return 0
+
+        right = run_concurrently(ask, *[(c, keys_for(i)) for i, c in enumerate(crowd)])
+        return client_count * ROUNDS - sum(right)
+
+
+def pool_trial(cap):
+    """One ungated trial through FramedProxy; returns (wrong answers, connections opened)."""
+    with Upstream() as upstream, FramedProxy(upstream.addr, pool_cap=cap) as proxy:
+        return 24 - many_clients(proxy.addr), proxy.opened
+
+
+def spread(values):
+    return (f"min {min(values)}, median {statistics.median(values):g}, max {max(values)}"
+            f"   (per trial: {' '.join(map(str, values))})")
+
+
+def race(trials):
+    print(f"demo.py --race: {trials} trials per row, no gate, no scripting.")
+    print("These numbers are one run's; yours will differ. The demo proper stays scripted.")
+    print()
+    print(f"Naive relay, 8 clients x {ROUNDS} requests, wrong answers per trial (of 24):")
+    for routing in ("last", "broadcast"):
+        print(f"  {routing:<9}  {spread([naive_trial(routing, 8) for _ in range(trials)])}")
+    print()
+    print(f"The cliff: routing 'last', {ROUNDS} requests per client, wrong answers per trial:")
+    for count in (1, 2):
+        wrong = [naive_trial("last", count) for _ in range(trials)]
+        print(f"  {count} client{'s' if count > 1 else ' '} (of {count * ROUNDS})  {spread(wrong)}")
+    print()
+    print(f"FramedProxy ungated, 8 clients x {ROUNDS} requests:")
+    print("  pool_cap  wrong answers in all  connections opened")
+    for cap in (1, 2, 4, 8, 16):
+        results = [pool_trial(cap) for _ in range(trials)]
+        opened = [conns for _, conns in results]
+        print(f"  {cap:>8}  {sum(w for w, _ in results):>6} of {24 * trials:<11}  "
+              f"{min(opened)} to {max(opened)}")
+
+
+# --- the runner -------------------------------------------------------------------
+
+def run(scenarios):
+    """Run the scenarios; print the transcript only if every one of them finished."""
+    transcript = io.StringIO()
+    for number, (name, title, scenario) in enumerate(scenarios, 1):
+        with contextlib.redirect_stdout(transcript):
+            print(f"== {number}. {title} ==")
+            try:
+                scenario()
+            except (TimeoutError, OSError) as error:
+                sys.stderr.write(f"demo.py: scenario {name!r} failed: {error}\n")
+                return 1
+            print()
+    sys.stdout.write(transcript.getvalue())
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--list", action="store_true", help="name the scenarios and stop")
+    parser.add_argument("--only", metavar="NAME", help="run one scenario")
+    parser.add_argument("--race", action="store_true", help="the unscripted twin: one run's numbers")
+    parser.add_argument("--trials", type=int, default=20, help="trials per --race row (20)")
+    parser.add_argument("--managed", action="store_true", help="the reliability layer's scenarios")
+    options = parser.parse_args(argv)
+    if options.race:
+        race(options.trials)
+        return 0
+    scenarios = SCENARIOS
+    if options.managed:
+        import managed_demo   # only this flag needs the second part
+        scenarios = managed_demo.SCENARIOS
+    if options.list:
+        for name, title, _ in scenarios:
+            print(f"{name:<12} {title}")
+        return 0
+    if options.only:
+        scenarios = [s for s in scenarios if s[0] == options.only]
+        if not scenarios:
+            parser.error(f"no scenario named {options.only!r}; --list names them")
+    return run(scenarios)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
