@@ -263,18 +263,24 @@ def serialised():
               "that is serialisation, not multiplexing")
 
 
+def half_close_trial(half):
+    """A client sends one request, then shutdown(SHUT_WR), while the upstream still
+    holds the reply; returns what the client received before its EOF."""
+    with Upstream() as upstream, PassthroughProxy(upstream.addr, half_close=half) as proxy:
+        upstream.pause = lambda reply_number: proxy.wait_eofs(1)   # reply only after the EOF
+        client = Client("A", proxy.addr)
+        client.send(b"GET alpha\n")
+        client.sock.shutdown(socket.SHUT_WR)
+        received = client.read_to_eof()
+        client.close()
+        return received
+
+
 def half_close():
     for half in (True, False):
-        with Upstream() as upstream, PassthroughProxy(upstream.addr, half_close=half) as proxy:
-            upstream.pause = lambda reply_number: proxy.wait_eofs(1)   # reply only after the EOF
-            client = Client("A", proxy.addr)
-            client.send(b"GET alpha\n")
-            client.sock.shutdown(socket.SHUT_WR)
-            received = client.read_to_eof()
-            client.close()
         rule = "shutdown(SHUT_WR)" if half else "close both sides"
         print(f"  half_close={half!s:<5}  on the client's EOF: {rule:<17}  "
-              f"A received {show(received)}")
+              f"A received {show(half_close_trial(half))}")
     print("  verdict: passing the EOF on as a half-close delivers the whole reply; "
           "closing forgets that the other direction was still open")
 

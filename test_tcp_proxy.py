@@ -1,0 +1,306 @@
+"""The toy's claims, one test each, with the exact figures the demo and the
+commentary state. conftest.py fails any test that leaves a thread or a socket."""
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import demo
+from linecount import code_lines
+from tcp_proxy import (MAX_LINE, FramedProxy, NaiveProxy, PassthroughProxy, PooledConnection,
+                       Upstream, answer)
+
+HERE = Path(__file__).parent
+
+
+def connect(stack, addr):
+    client = demo.Client("test", addr, timeout=5)
+    stack.callback(client.close)
+    return client
+
+
+# --- the line protocol -------------------------------------------------------
+
+def test_protocol_answers_get_ping_and_says_what_is_wrong_with_anything_else():
+    assert answer(b"GET alpha") == b"alpha=AAAAAAAAAAAA\n"
+    assert len(answer(b"GET alpha")) == 19 and len(answer(b"GET beta")) == 18
+    assert answer(b"PING") == b"PONG\n"
+    assert answer(b"GET alpGET beta") == b"ERR expected 'GET <key>' or 'PING', got 'GET alpGET beta'\n"
+    assert answer(b"\x00\xff").startswith(b"ERR ")
+
+
+def test_upstream_frames_its_input_however_the_bytes_are_cut():
+    with Upstream() as upstream, contextlib.ExitStack() as stack:
+        client = connect(stack, upstream.addr)
+        for piece in (b"GE", b"T alpha\nPING\nGET b", b"eta\n"):
+            client.send(piece)
+            upstream.wait_bytes_in(sum(map(len, client.sent)))
+        assert [client.read_line() for _ in range(3)] == [
+            b"alpha=AAAAAAAAAAAA\n", b"PONG\n", b"beta=BBBBBBBBBBBB\n"]
+        assert upstream.requests == ["GET alpha", "PING", "GET beta"]
+
+
+# --- NaiveProxy: a correct byte relay that misdelivers -------------------------
+
+def test_naive_relay_forwards_every_byte_exactly_once():
+    with Upstream() as upstream, NaiveProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+        a, b = connect(stack, proxy.addr), connect(stack, proxy.addr)
+        proxy.wait_connections(2)
+        a.send(b"GET alp")
+        proxy.wait_forwarded(7)
+        b.send(b"GET beta\n")
+        proxy.wait_forwarded(16)
+        a.send(b"ha\n")
+        proxy.wait_forwarded(19)
+        upstream.wait_requests(2)
+        assert upstream.bytes_in == proxy.forwarded == 19
+        assert upstream.requests == ["GET alpGET beta", "ha"]
+
+
+def test_naive_relay_hands_alphas_answer_to_b_and_nothing_to_a():
+    received = demo.misdelivery("last")
+    assert received == {"A": b"", "B": b"alpha=AAAAAAAAAAAA\nbeta=BBBBBBBBBBBB\n"}
+    assert len(received["B"]) == 37
+
+
+def test_broadcast_routing_gives_both_clients_both_answers():
+    both = b"alpha=AAAAAAAAAAAA\nbeta=BBBBBBBBBBBB\n"
+    assert demo.misdelivery("broadcast") == {"A": both, "B": both}
+
+
+def test_naive_relay_is_right_with_one_request_in_flight_on_one_upstream_connection():
+    with Upstream() as upstream, NaiveProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+        crowd = demo.clients(stack, proxy.addr, 8)
+        right = sum(demo.ask_in_turn(client, demo.keys_for(index))
+                    for index, client in enumerate(crowd))
+        assert (right, proxy.connections, upstream.connections) == (24, 8, 1)
+
+
+def test_naive_routing_must_be_last_or_broadcast():
+    with pytest.raises(ValueError, match="routing"):
+        NaiveProxy(("127.0.0.1", 9), routing="round-robin")
+
+
+# --- PassthroughProxy: the 1:1 baseline and the half-close ---------------------
+
+def test_passthrough_is_right_with_one_upstream_connection_per_client():
+    with Upstream() as upstream, PassthroughProxy(upstream.addr) as proxy:
+        assert demo.many_clients(proxy.addr) == 24
+        proxy.wait_eofs(16)
+        assert (proxy.connections, proxy.opened, upstream.connections) == (8, 8, 8)
+
+
+def test_half_close_delivers_the_whole_reply_and_close_delivers_nothing():
+    assert demo.half_close_trial(True) == b"alpha=AAAAAAAAAAAA\n"
+    assert demo.half_close_trial(False) == b""
+
+
+# --- FramedProxy: the pool that parses -------------------------------------------
+
+@pytest.mark.parametrize("cap, opened", [(1, 1), (2, 2), (4, 4), (8, 8), (16, 8)])
+def test_pool_opens_min_of_cap_and_requests_in_flight(cap, opened):
+    with Upstream(gate=min(cap, 8)) as upstream, FramedProxy(upstream.addr, pool_cap=cap) as proxy:
+        assert demo.many_clients(proxy.addr) == 24
+        assert proxy.opened == upstream.connections == opened
+        assert proxy.released == 24
+
+
+def test_pool_with_three_clients_in_flight_opens_three_under_a_cap_of_eight():
+    with Upstream(gate=3) as upstream, FramedProxy(upstream.addr, pool_cap=8) as proxy:
+        assert demo.many_clients(proxy.addr, count=3) == 9
+        assert proxy.opened == 3
+
+
+def test_pipelined_client_is_served_without_another_recv():
+    with Upstream() as upstream, FramedProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+        client = connect(stack, proxy.addr)
+        client.send(b"GET alpha\nGET beta\nPING\n")   # one write, three requests, then silence
+        assert [client.read_line() for _ in range(3)] == [
+            b"alpha=AAAAAAAAAAAA\n", b"beta=BBBBBBBBBBBB\n", b"PONG\n"]
+        assert upstream.requests == ["GET alpha", "GET beta", "PING"] and proxy.opened == 1
+
+
+def test_framed_reader_keeps_bytes_past_the_delimiter_for_the_next_borrower():
+    with FramedProxy(("127.0.0.1", 9)) as proxy:
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            connection = PooledConnection(ours)
+            theirs.sendall(b"alpha=AAAAAAAAAAAA\nbeta=BB")   # one recv: a reply and a half
+            reply, connection.leftover = proxy.read_reply(connection)
+            assert (reply, connection.leftover) == (b"alpha=AAAAAAAAAAAA\n", b"beta=BB")
+            theirs.sendall(b"BBBBBBBBBB\n")
+            assert proxy.read_reply(connection) == (b"beta=BBBBBBBBBBBB\n", b"")
+
+
+def test_framed_release_is_right_whether_the_upstream_writes_once_or_pauses_mid_reply():
+    assert demo.release_trial("framed", split=False) == 8
+    assert demo.release_trial("framed", split=True) == 8
+
+
+def test_timeout_release_is_right_on_one_write_and_wrong_every_time_on_a_paused_reply():
+    assert demo.release_trial("timeout", split=False) == 8
+    assert demo.release_trial("timeout", split=True) == 0
+
+
+def test_pool_release_must_be_framed_or_timeout():
+    with pytest.raises(ValueError, match="release"):
+        FramedProxy(("127.0.0.1", 9), release="on-idle")
+
+
+# --- bad input and failures cost nothing ------------------------------------------------
+
+@pytest.mark.parametrize("server", ["upstream", "framed"])
+def test_overlong_line_gets_an_err_line_and_other_clients_carry_on(server):
+    with Upstream() as upstream, FramedProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+        target = upstream if server == "upstream" else proxy
+        bystander, flooder = connect(stack, target.addr), connect(stack, target.addr)
+        bystander.send(b"GET alp")
+        flooder.send(b"x" * (MAX_LINE + 1))
+        assert flooder.read_to_eof() == b"ERR line longer than 65536 bytes\n"
+        bystander.send(b"ha\n")
+        assert bystander.read_line() == b"alpha=AAAAAAAAAAAA\n"
+
+
+def test_garbage_gets_an_err_line_and_the_connection_still_serves():
+    with Upstream() as upstream, FramedProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+        client = connect(stack, proxy.addr)
+        client.send(b"\x00\xff\xfe junk\nPING\n")
+        assert client.read_line().startswith(b"ERR expected 'GET <key>' or 'PING'")
+        assert client.read_line() == b"PONG\n"
+
+
+def test_client_that_vanishes_mid_request_costs_no_thread_and_no_pool_slot():
+    with Upstream() as upstream, FramedProxy(upstream.addr, pool_cap=1) as proxy:
+        with contextlib.ExitStack() as stack:
+            connect(stack, proxy.addr).send(b"GET alp")   # and gone
+            proxy.wait_connections(1)
+        with contextlib.ExitStack() as stack:
+            quitter = connect(stack, proxy.addr)
+            quitter.send(b"GET alpha\n")   # gone before its reply is written back
+        proxy.wait_released(1)
+        with contextlib.ExitStack() as stack:
+            assert demo.ask_in_turn(connect(stack, proxy.addr), ["beta"]) == 1
+        assert (proxy.opened, proxy.released, proxy.discarded) == (1, 2, 0)
+
+
+class DiesMidReply(Upstream):
+    """Writes the first 6 bytes of its first reply, then drops the connection."""
+
+    def reply(self, conn, data):
+        if self.replies == 0:
+            self.count("replies")
+            conn.sendall(data[:6])
+            conn.shutdown(socket.SHUT_RDWR)
+            return
+        super().reply(conn, data)
+
+
+def test_upstream_that_dies_mid_reply_gives_an_err_line_and_its_connection_is_discarded():
+    with DiesMidReply() as upstream, FramedProxy(upstream.addr, pool_cap=1) as proxy, \
+            contextlib.ExitStack() as stack:
+        client = connect(stack, proxy.addr)
+        client.send(b"GET alpha\n")
+        assert client.read_line() == b"ERR upstream: upstream closed mid-reply\n"
+        client.send(b"GET beta\n")   # served on a fresh connection, never on the broken one
+        assert client.read_line() == b"beta=BBBBBBBBBBBB\n"
+        assert (proxy.opened, proxy.discarded, proxy.released) == (2, 1, 1)
+
+
+def test_unreachable_upstream_gives_an_err_line_and_frees_the_pool_slot():
+    with Upstream() as gone:
+        address = gone.addr
+    with FramedProxy(address, pool_cap=1) as proxy, contextlib.ExitStack() as stack:
+        client = connect(stack, proxy.addr)
+        for _ in range(2):   # a leaked slot would make the second request wait forever
+            client.send(b"PING\n")
+            assert client.read_line().startswith(b"ERR upstream: ")
+        assert proxy.open == 0
+
+
+# --- scaffolding: hooks and lifecycle ------------------------------------------------
+
+def test_a_hook_that_times_out_raises_naming_the_counter_the_target_and_every_counter():
+    with Upstream() as upstream:
+        with pytest.raises(TimeoutError) as raised:
+            upstream.wait_requests(1, timeout=0.05)
+    message = str(raised.value)
+    assert "requests to reach 1" in message
+    assert "<Upstream connections=0, opened=0, bytes_in=0, requests=0, replies=0>" in message
+
+
+def test_an_unknown_hook_is_an_attribute_error():
+    with Upstream() as upstream:
+        with pytest.raises(AttributeError):
+            upstream.wait_for_godot(1)
+
+
+def test_close_joins_every_thread_and_closes_every_socket():
+    before = set(threading.enumerate())
+    upstream = Upstream()
+    proxies = [NaiveProxy(upstream.addr), FramedProxy(upstream.addr, pool_cap=2),
+               PassthroughProxy(upstream.addr)]
+    with contextlib.ExitStack() as stack:
+        for proxy in proxies:
+            client = connect(stack, proxy.addr)
+            client.send(b"PING\n")
+            assert client.read_line() == b"PONG\n"
+        assert len(set(threading.enumerate()) - before) >= 10
+        for server in proxies + [upstream]:   # clients still connected: close() must cut them
+            server.close()
+    assert set(threading.enumerate()) == before
+    assert all(s.fileno() == -1 for server in proxies + [upstream] for s in server._sockets)
+
+
+def test_module_stays_under_its_line_ceiling_at_297_lines_of_code():
+    assert code_lines(HERE / "tcp_proxy.py") == 297 <= 300
+
+
+# --- the demo ----------------------------------------------------------------------
+
+def test_demo_prints_the_checked_in_transcript_three_times_over():
+    runs = [subprocess.Popen([sys.executable, "demo.py"], cwd=HERE, stdout=subprocess.PIPE)
+            for _ in range(3)]
+    outputs = [run.communicate(timeout=60)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0, 0]
+    golden = (HERE / "transcripts" / "demo.txt").read_bytes()
+    assert outputs == [golden] * 3
+
+
+def test_demo_never_sleeps_and_prints_no_port():
+    source = (HERE / "demo.py").read_text()
+    assert "time.sleep" not in source and "import time" not in source
+    transcript = (HERE / "transcripts" / "demo.txt").read_text()
+    assert "127.0.0.1" not in transcript and "Thread" not in transcript
+
+
+def test_demo_list_names_the_eight_scenarios_and_only_runs_one(capsys):
+    assert demo.main(["--list"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert names == ["interleave", "headline", "broadcast", "passthrough", "pool", "release",
+                     "boundary", "half-close"]
+    assert demo.main(["--only", "headline"]) == 0
+    assert capsys.readouterr().out.startswith("== 1. Whole requests, one after the other")
+
+
+def test_demo_with_a_hook_that_times_out_prints_no_transcript_and_names_the_scenario(capsys):
+    def stuck():
+        print("half a transcript")
+        with Upstream() as upstream:
+            upstream.wait_requests(1, timeout=0.05)
+
+    assert demo.run([("stuck", "A scenario that never sees its event", stuck)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "scenario 'stuck' failed: gave up waiting for requests to reach 1" in captured.err
+
+
+def test_race_says_its_numbers_are_one_runs_and_the_pool_makes_no_mistake(capsys):
+    demo.race(trials=1)
+    out = capsys.readouterr().out
+    assert "These numbers are one run's" in out
+    pool_rows = out.split("connections opened\n")[1].splitlines()
+    assert [row.split()[1] for row in pool_rows] == ["0"] * 5
