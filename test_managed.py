@@ -1,0 +1,481 @@
+"""The managed layer's claims, each pinned with exact figures (see managed.py's map)."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import managed
+from managed import (ClusterServiceUnavailable, CommunicationError, FaultyUpstream, ManagedClient,
+                     ManagedError, ManagedProxy, ManagedSet, MessageLost, MessageTimeout, RealClock,
+                     ReliabilityCache, ServiceUnavailable, VirtualClock)
+from managed_demo import Background, ask, held_upstream
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+A, B = ("127.0.0.2", 7001), ("127.0.0.2", 7002)   # cache keys only: nothing listens there
+OTHER_HOST = ("127.0.0.3", 7001)
+
+
+def closed_port_addr():
+    """An address where nothing listens: a port the OS gave out and took back."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        return listener.getsockname()
+
+
+# --- the clock -------------------------------------------------------------------
+
+def test_virtual_clock_stands_still_until_advanced_then_wakes_its_sleeper():
+    clock = VirtualClock(start=2.0)
+    sleeper = Background(lambda: clock.sleep(3.0) or b"woke")
+    clock.wait_sleepers(1)
+    clock.advance(2.5)
+    assert clock.now() == 4.5 and sleeper._thread.is_alive()
+    clock.advance(0.5)
+    assert sleeper.result() == "woke" and clock.now() == 5.0
+
+
+# --- the reliability cache -------------------------------------------------------
+
+def test_disable_windows_double_1_2_4_to_64_then_stay_at_64_and_a_success_resets_them():
+    clock = VirtualClock()
+    cache = ReliabilityCache(policy="independent", clock=clock)
+    windows = []
+    for _ in range(9):
+        cache.record_error(A)
+        _, start, end, _ = cache.disables[-1]
+        windows.append(end - start)
+        clock.advance(end - clock.now())   # to the first instant the port is enabled again
+    assert windows == [1, 2, 4, 8, 16, 32, 64, 64, 64]
+    cache.record_success(A)
+    cache.record_error(A)
+    _, start, end, _ = cache.disables[-1]
+    assert end - start == 1.0
+
+
+def test_threshold_counts_errors_in_a_row_and_errors_while_disabled_do_not_extend_the_window():
+    clock = VirtualClock()
+    cache = ReliabilityCache(policy="independent", threshold=3, clock=clock)
+    cache.record_error(A)
+    cache.record_error(A)
+    assert cache.is_enabled(A)
+    cache.record_error(A)
+    assert not cache.is_enabled(A) and len(cache.disables) == 1
+    clock.advance(0.5)
+    cache.record_error(A)   # while disabled: counted, window unchanged
+    assert cache.errors == 4 and len(cache.disables) == 1 and cache.disables[0][2] == 1.0
+    clock.advance(0.4999)
+    assert not cache.is_enabled(A)
+    clock.advance(0.0001)
+    assert cache.is_enabled(A)   # from the instant now() >= disabled_until
+    cache.record_error(A)        # still at or above the threshold: one error disables again
+    assert cache.disables[-1][1:3] == (1.0, 3.0)
+
+
+def test_policy_none_counts_errors_but_never_disables():
+    cache = ReliabilityCache(clock=VirtualClock())
+    for _ in range(5):
+        cache.record_error(A)
+    assert cache.errors == 5 and cache.disables == [] and cache.is_enabled(A)
+
+
+def test_any_failing_port_disables_its_host_but_not_another_loopback_host():
+    cache = ReliabilityCache(policy="any_failing_port_disables_host", clock=VirtualClock())
+    cache.record_error(A)
+    assert not cache.is_enabled(B) and cache.is_enabled(OTHER_HOST)
+    assert [key for key, *_ in cache.disables] == [A, "127.0.0.2"]
+
+
+def test_failing_port_disables_host_only_for_the_named_port():
+    cache = ReliabilityCache(policy=("failing_port_disables_host", 7002), clock=VirtualClock())
+    cache.record_error(A)
+    assert cache.is_enabled(B) and not cache.is_enabled(A)
+    cache.record_error(B)
+    assert not cache.is_enabled(("127.0.0.2", 9999)) and cache.is_enabled(OTHER_HOST)
+
+
+def test_derived_cache_forwards_errors_and_successes_inherits_live_and_needs_its_parent():
+    clock = VirtualClock()
+    parent = ReliabilityCache(policy="independent", threshold=2, clock=clock)
+    child = parent.derive(threshold=1)
+    assert child.clock is clock and child.setting("policy") == "independent"
+    child.record_error(A)
+    assert parent.errors == 1 and not child.is_enabled(A) and parent.is_enabled(A)
+    child.record_success(A)
+    assert parent.successes == 1 and child.is_enabled(A)
+    parent.record_error(A)
+    parent.record_error(A)   # the parent disables: the child, which never saw these, follows
+    assert not child.is_enabled(A) and (child.errors, parent.errors) == (1, 3)
+    parent.configure(policy="none")   # inherited live, not copied at derive()
+    assert child.setting("policy") == "none"
+
+
+def test_availability_hook_is_asked_on_every_check():
+    asked = []
+    cache = ReliabilityCache(availability=lambda addr: asked.append(addr) or addr != B)
+    assert cache.is_enabled(A) and not cache.is_enabled(B) and cache.is_enabled(A)
+    assert asked == [A, B, A]
+
+
+def test_global_cache_has_no_effect_until_configured_then_changes_in_place_for_every_user():
+    clock = VirtualClock()
+    client = ManagedClient(A, clock=clock)
+    assert client.rcache is managed.global_rcache()
+    managed.global_rcache().record_error(A)
+    assert managed.global_rcache().is_enabled(A)
+    try:
+        managed.set_global_rcache_config(policy="independent", clock=clock)
+        managed.global_rcache().record_error(A)
+        assert not client.rcache.is_enabled(A)
+    finally:
+        managed.set_global_rcache_config(policy="none", clock=RealClock())
+        managed.global_rcache().record_success(A)
+        client.shut_down()
+
+
+def test_bad_cache_settings_are_clear_errors():
+    with pytest.raises(ValueError, match="policy"):
+        ReliabilityCache(policy="sometimes")
+    with pytest.raises(ValueError, match="threshold"):
+        ReliabilityCache(threshold=0)
+    with pytest.raises(TypeError, match="unknown"):
+        ReliabilityCache(treshold=2)
+
+
+# --- the managed client ------------------------------------------------------------
+
+def test_idle_eof_takes_the_client_down_without_an_error_and_the_next_call_reconnects():
+    with FaultyUpstream() as upstream:
+        client = ManagedClient(upstream.addr, rcache=ReliabilityCache())
+        assert client.state == "down"
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n" and client.state == "up"
+        upstream.close()
+        client.wait_transitions(3)
+        upstream.restart()
+        assert client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
+        assert [t[:2] for t in client.transitions] == [("down", "connecting"), ("connecting", "up"),
+                                                       ("up", "down"), ("down", "connecting"),
+                                                       ("connecting", "up")]
+        assert client.transitions[2][2] == "upstream closed the idle connection"
+        assert (client.errors, client.connects, client.rcache.errors) == (0, 2, 0)
+        client.shut_down()
+
+
+def test_an_error_counts_once_per_connection_not_once_per_pending_call():
+    with held_upstream({1}) as (upstream, release):
+        cache = ReliabilityCache()
+        client = ManagedClient(upstream.addr, rcache=cache)
+        calls = [Background(client.call, b"GET %d\n" % n) for n in range(3)]
+        upstream.wait_requests(3)
+        upstream.fail_next(1)   # reply 1 is already held past the fault check: reply 2 is dropped
+        release.set()
+        lost = "MessageLost: upstream closed the connection"
+        results = [call.result() for call in calls]   # the three were sent in any order
+        assert results.count(lost) == 2
+        assert [f"{n}={n}" + str(n) * 11 for n, result in enumerate(results) if result != lost] == \
+            [result for result in results if result != lost]
+        assert (client.errors, cache.errors, client.pending_calls) == (1, 1, 0)
+        assert client.transitions[-1] == ("up", "down", "upstream closed the connection with 2 call(s) owed")
+        client.shut_down()
+
+
+def test_non_fatal_timeout_keeps_the_connection_the_late_reply_is_discarded_and_counts_as_pending():
+    clock = VirtualClock()
+    with held_upstream({1}) as (upstream, release):
+        client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock)
+        first = Background(client.call, b"GET apple\n")
+        client.wait_sent(1)
+        clock.advance(0.999)
+        assert first._thread.is_alive()
+        clock.advance(0.001)
+        assert first.result() == "MessageTimeout: no reply within 1.0s"
+        assert client.pending_calls == 1 and client.state == "up"
+        second = Background(client.call, b"GET banana\n")
+        client.wait_sent(2)
+        release.set()
+        assert second.result() == "banana=BBBBBBBBBBBB"
+        assert (client.discarded, client.connects, client.errors, client.pending_calls) == (1, 1, 0, 0)
+        client.shut_down()
+
+
+def test_fatal_timeout_destroys_the_connection_and_the_next_call_gets_its_own_reply():
+    clock = VirtualClock()
+    with held_upstream({1}) as (upstream, release):
+        client = ManagedClient(upstream.addr, msg_timeout=1.0, msg_timeout_is_fatal=True, clock=clock)
+        first = Background(client.call, b"GET apple\n")
+        client.wait_sent(1)
+        clock.advance(1.0)
+        assert first.result() == "MessageTimeout: no reply within 1.0s"
+        assert client.transitions[-1] == ("up", "down", "message timeout (fatal)")
+        assert client.call(b"GET banana\n") == b"banana=BBBBBBBBBBBB\n"
+        assert (client.connects, client.errors, client.discarded) == (2, 1, 0)
+        client.shut_down()
+
+
+def test_the_forgetful_knob_really_misdelivers_a_late_reply():
+    clock = VirtualClock()
+    with held_upstream({1}) as (upstream, release):
+        client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock, late_replies="forget")
+        first = Background(client.call, b"GET apple\n")
+        client.wait_sent(1)
+        clock.advance(1.0)
+        first.result()
+        second = Background(client.call, b"GET banana\n")
+        client.wait_sent(2)
+        release.set()
+        assert second.result() == "apple=AAAAAAAAAAAA"
+        client.shut_down()
+
+
+def test_a_failed_initial_ping_fails_every_waiting_call_and_sends_no_user_request():
+    clock = VirtualClock()
+    with FaultyUpstream(silent=True) as upstream:
+        client = ManagedClient(upstream.addr, initial_ping=True, msg_timeout=1.0, clock=clock)
+        calls = [Background(client.call, b"GET secret\n") for _ in range(2)]
+        client.wait_calls(2)
+        upstream.wait_requests(1)
+        assert client.state == "connecting"
+        clock.advance(1.0)
+        assert [call.result() for call in calls] == ["MessageTimeout: initial ping not answered within 1.0s"] * 2
+        assert upstream.requests == ["PING"] and client.errors == 1
+        client.shut_down()
+
+
+def test_an_initial_ping_on_a_dying_connection_raises_message_lost():
+    with FaultyUpstream() as upstream:
+        upstream.fail_next(1)
+        client = ManagedClient(upstream.addr, initial_ping=True)
+        with pytest.raises(MessageLost):
+            client.call(b"GET a\n")
+        assert upstream.requests == ["PING"]
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"   # a new connection, a new ping
+        assert upstream.requests == ["PING", "PING", "GET a"] and client.errors == 1
+        client.shut_down()
+
+
+def test_idle_timeout_fires_on_the_virtual_clock_with_no_call_to_notice_it():
+    clock = VirtualClock()
+    with FaultyUpstream() as upstream:
+        client = ManagedClient(upstream.addr, idle_timeout=5.0, clock=clock)
+        client.call(b"GET x\n")
+        clock.advance(4.9)
+        assert client.state == "up" and len(client.transitions) == 2
+        clock.advance(0.1)
+        client.wait_transitions(3)
+        assert client.transitions[2] == ("up", "down", "idle for 5.0s") and client.errors == 0
+        client.call(b"GET y\n")
+        assert client.connects == 2
+        client.shut_down()
+
+
+def test_idle_timeout_zero_closes_right_after_the_last_reply_and_negative_never_closes():
+    with FaultyUpstream() as upstream:
+        eager, patient = ManagedClient(upstream.addr, idle_timeout=0), ManagedClient(upstream.addr)
+        for client in (eager, patient):
+            client.call(b"GET a\n")
+            client.call(b"GET b\n")
+        assert eager.connects == 2 and "idle" in eager.transitions[-1][2] and eager.state == "down"
+        assert patient.connects == 1 and patient.state == "up"
+        eager.shut_down()
+        patient.shut_down()
+
+
+def test_a_disabled_port_fails_at_once_with_service_unavailable_even_when_up():
+    clock = VirtualClock()
+    cache = ReliabilityCache(policy="independent", clock=clock)
+    with FaultyUpstream() as upstream:
+        client = ManagedClient(upstream.addr, rcache=cache, clock=clock)
+        client.call(b"GET a\n")
+        cache.record_error(upstream.addr)
+        with pytest.raises(ServiceUnavailable):
+            client.call(b"GET b\n")
+        assert client.state == "up" and upstream.requests == ["GET a"]
+        clock.advance(1.0)
+        assert client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
+        client.shut_down()
+
+
+def test_connect_refused_is_a_communication_error_counted_as_an_error():
+    cache = ReliabilityCache()
+    client = ManagedClient(closed_port_addr(), rcache=cache)
+    with pytest.raises(CommunicationError, match="cannot connect"):
+        client.call(b"GET a\n")
+    assert (client.state, client.errors, cache.errors) == ("down", 1, 1)
+    client.shut_down()
+
+
+def test_a_reply_cut_mid_line_is_message_lost_never_a_short_reply():
+    with FaultyUpstream() as upstream:
+        upstream.fail_next(1, how="cut")
+        client = ManagedClient(upstream.addr)
+        with pytest.raises(MessageLost):
+            client.call(b"GET apple\n")
+        assert upstream.faults == 1 and client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
+        client.shut_down()
+
+
+def test_bad_requests_and_settings_are_value_errors():
+    client = ManagedClient(A)
+    for request in (b"GET a", b"GET a\nGET b\n", "GET a\n"):
+        with pytest.raises(ValueError, match="one line"):
+            client.call(request)
+    with pytest.raises(ValueError):
+        ManagedClient(A, late_replies="keep")
+    client.shut_down()
+    with pytest.raises(ManagedError, match="shut down"):
+        client.call(b"GET a\n")
+
+
+def test_shut_down_fails_a_pending_call_and_joins_every_thread():
+    with FaultyUpstream(silent=True) as upstream:
+        client = ManagedClient(upstream.addr, idle_timeout=30.0)
+        call = Background(client.call, b"GET a\n")
+        upstream.wait_requests(1)
+        client.shut_down()
+        assert call.result() == "MessageLost: client shut down"
+        assert client.transitions[-1] == ("up", "down", "shut down") and client.errors == 0
+
+
+# --- the managed set -----------------------------------------------------------------
+
+def test_pick_order_idle_then_new_then_least_busy_below_max_then_refuse():
+    managed_set = ManagedSet([(A, 2)], pending_calls_max=2)
+    picks = [managed_set.pick() for _ in range(4)]   # each pick reserves: one pending call
+    first, second = picks[0][0], picks[1][0]
+    assert [client for client, _ in picks] == [first, second, first, second]
+    assert managed_set.load() == [4]
+    with pytest.raises(ClusterServiceUnavailable):
+        managed_set.pick()
+    assert (managed_set.picks, managed_set.refusals) == (4, 1)
+    managed_set.shut_down()
+
+
+def test_balance_load_orders_services_by_pending_calls_and_failover_by_position():
+    balanced = ManagedSet([(A, 1), (B, 1), (OTHER_HOST, 1)])
+    assert [balanced.pick()[1] for _ in range(5)] == [0, 1, 2, 0, 1]
+    ordered = ManagedSet([(A, 1), (B, 1)], policy="failover", pending_calls_max=1)
+    assert [ordered.pick()[1] for _ in range(2)] == [0, 1]
+    balanced.shut_down()
+    ordered.shut_down()
+
+
+def test_pick_skips_services_the_cache_has_disabled():
+    cache = ReliabilityCache(policy="independent", clock=VirtualClock())
+    managed_set = ManagedSet([(A, 1), (B, 1)], policy="failover", rcache=cache)
+    cache.record_error(A)
+    assert managed_set.pick()[1] == 1
+    managed_set.shut_down()
+
+
+def test_call_retries_a_refused_connection_on_the_next_service():
+    clock = VirtualClock()
+    cache = ReliabilityCache(policy="independent", clock=clock)
+    with FaultyUpstream() as upstream:
+        managed_set = ManagedSet([(closed_port_addr(), 1), (upstream.addr, 1)], policy="failover",
+                                 rcache=cache, clock=clock, idempotent_wait=0)
+        assert managed_set.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"
+        assert (managed_set.attempts, managed_set.retries, cache.errors) == (2, 1, 1)
+        managed_set.shut_down()
+
+
+def test_call_never_retries_a_sent_request_but_idempotent_call_does_after_idempotent_wait():
+    clock = VirtualClock()
+    with FaultyUpstream() as upstream:
+        managed_set = ManagedSet([(upstream.addr, 1)], clock=clock, idempotent_wait=5.0)
+        upstream.fail_next(1)
+        with pytest.raises(MessageLost):
+            managed_set.call(b"GET a\n")
+        assert (managed_set.attempts, upstream.requests) == (1, ["GET a"])
+        upstream.fail_next(1)
+        call = Background(managed_set.idempotent_call, b"GET b\n")
+        managed_set.wait_retries(1)
+        clock.advance(4.9)
+        assert call._thread.is_alive() and upstream.requests == ["GET a", "GET b"]
+        clock.advance(0.1)
+        assert call.result() == "b=BBBBBBBBBBBB"
+        assert (managed_set.attempts, managed_set.retries) == (3, 1)
+        managed_set.shut_down()
+
+
+def test_idempotent_max_counts_attempts_one_call_and_two_retries_by_default():
+    with FaultyUpstream() as upstream:
+        managed_set = ManagedSet([(upstream.addr, 1)], idempotent_wait=0)
+        upstream.fail_next(5)
+        with pytest.raises(MessageLost):
+            managed_set.idempotent_call(b"GET a\n")
+        assert (managed_set.attempts, managed_set.retries, upstream.faults) == (3, 2, 3)
+        managed_set.shut_down()
+    with pytest.raises(ValueError, match="at least 1"):
+        ManagedSet([(A, 1)], idempotent_max=0)
+
+
+def test_back_pressure_is_not_retried_by_call_but_is_by_idempotent_call():
+    managed_set = ManagedSet([(A, 1)], pending_calls_max=1, idempotent_wait=0)
+    managed_set.pick()   # the only client, reserved
+    with pytest.raises(ClusterServiceUnavailable):
+        managed_set.call(b"GET a\n")
+    assert managed_set.attempts == 1
+    with pytest.raises(ClusterServiceUnavailable):
+        managed_set.idempotent_call(b"GET a\n")
+    assert managed_set.attempts == 4
+    managed_set.shut_down()
+
+
+def test_shut_down_cuts_a_retry_wait_short():
+    with FaultyUpstream() as upstream:
+        managed_set = ManagedSet([(upstream.addr, 1)], idempotent_wait=60.0)
+        upstream.fail_next(1)
+        call = Background(managed_set.idempotent_call, b"GET a\n")
+        managed_set.wait_retries(1)
+        started = time.monotonic()
+        managed_set.shut_down()
+        assert call.result() == "ManagedError: set shut down" and time.monotonic() - started < 5
+
+
+# --- the proxy and the upstream --------------------------------------------------------
+
+def test_proxy_reuses_framed_proxys_loop_and_an_upstream_failure_is_an_err_line():
+    with FaultyUpstream() as upstream:
+        with ManagedProxy([(upstream.addr, 1)], idempotent_wait=0) as proxy:
+            upstream.fail_next(1)
+            assert ask(proxy.addr, ["GET a", "GET b"]) == [
+                "ERR MessageLost: upstream closed the connection", "b=BBBBBBBBBBBB"]
+            assert (proxy.answered, proxy.failed) == (1, 1)
+        with ManagedProxy([(upstream.addr, 1)], idempotent=True, idempotent_wait=0) as proxy:
+            upstream.fail_next(1)
+            assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
+
+
+def test_proxy_pipelines_24_requests_over_one_connection_with_8_in_flight():
+    with FaultyUpstream(gate=8) as upstream:
+        with ManagedProxy([(upstream.addr, 1)], pending_calls_max=8) as proxy:
+            clients = [Background(ask, proxy.addr, [f"GET {c}{n}" for n in range(3)]) for c in "abcdefgh"]
+            replies = [client.result() for client in clients]
+    assert replies == [[f"{c}{n}={c.upper() * 12}" for n in range(3)] for c in "abcdefgh"]
+    assert upstream.connections == 1 and len(upstream.requests) == 24
+
+
+def test_upstream_restarts_on_the_same_port():
+    upstream = FaultyUpstream()
+    addr = upstream.addr
+    upstream.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(addr).close()
+    upstream.restart()
+    client = ManagedClient(addr)
+    assert client.call(b"PING\n") == b"PONG\n" and upstream.addr == addr
+    client.shut_down()
+    upstream.close()
+
+
+# --- the transcript --------------------------------------------------------------------
+
+def test_demo_managed_prints_the_golden_transcript_three_times_over():
+    with open(os.path.join(HERE, "transcripts", "managed.txt"), encoding="utf-8") as golden:
+        expected = golden.read()
+    for _ in range(3):
+        run = subprocess.run([sys.executable, "demo.py", "--managed"], cwd=HERE, capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout == expected
