@@ -227,10 +227,13 @@ class ServiceProcess(Running):
                                          args=(kind, upstream_addr, options, child_end))
         self.process.start()
         child_end.close()
-        if not self.pipe.poll(START_TIMEOUT):
+        try:
+            if not self.pipe.poll(START_TIMEOUT):
+                raise EOFError
+            self.addr = self.pipe.recv()
+        except EOFError:   # silent, or died before it listened (its traceback is on stderr)
             self.process.kill()
-            raise RuntimeError(f"{kind} did not start within {START_TIMEOUT} s")
-        self.addr = self.pipe.recv()
+            raise RuntimeError(f"{kind} did not start within {START_TIMEOUT} s") from None
 
     def stop(self):
         if self.report is not None or not self.process.is_alive():
@@ -274,7 +277,7 @@ class ExternalRelay(Running):
 
     def __init__(self, tool, upstream_addr):
         port, upstream_port = free_port(), upstream_addr[1]
-        self.config = None
+        self.config, self.cpu_at_start = None, None
         if tool == "socat":   # fork: a process per connection; nodelay on both sides
             argv = ["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr,nodelay,backlog=1024",
                     f"TCP:127.0.0.1:{upstream_port},nodelay"]
@@ -287,6 +290,7 @@ class ExternalRelay(Running):
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.addr = ("127.0.0.1", port)
         self._wait_until_listening()
+        self.cpu_at_start = self.cpu_seconds()
 
     def _wait_until_listening(self):
         deadline = time.monotonic() + START_TIMEOUT
@@ -298,7 +302,37 @@ class ExternalRelay(Running):
         self.stop()
         raise RuntimeError(f"{self.process.args[0]} did not start listening on {self.addr}")
 
+    def cpu_seconds(self):
+        """(user, system) CPU seconds of the tool and of the children it has reaped
+        (socat forks one per connection), read from /proc; None without /proc."""
+        try:
+            with open(f"/proc/{self.process.pid}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()   # from field 3 on
+        except OSError:
+            return None
+        user, system, children_user, children_system = (int(ticks) / os.sysconf("SC_CLK_TCK")
+                                                         for ticks in fields[11:15])   # fields 14-17
+        return user + children_user, system + children_system
+
+    def _wait_for_children(self):
+        """Until the tool has reaped every per-connection child (at most START_TIMEOUT)."""
+        children = f"/proc/{self.process.pid}/task/{self.process.pid}/children"
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                with open(children, encoding="ascii") as listing:
+                    if not listing.read().strip():
+                        return
+            except OSError:
+                return
+            time.sleep(0.01)
+
     def stop(self):
+        if self.report is None and self.process.poll() is None and self.cpu_at_start:
+            self._wait_for_children()
+            user, system = self.cpu_seconds()
+            self.report = {"user_seconds": user - self.cpu_at_start[0],
+                           "system_seconds": system - self.cpu_at_start[1]}
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -309,11 +343,7 @@ class ExternalRelay(Running):
         if self.config:
             os.unlink(self.config.name)
             self.config = None
-        self.report = {}
-
-    @classmethod
-    def installed(cls):
-        return [tool for tool in cls.TOOLS if shutil.which(tool)]
+        return self.report
 
 
 # --- the load generator ---------------------------------------------------------
@@ -633,7 +663,7 @@ def targets(results):
         if (name, client_count) in rows and (other, client_count) in rows:   # socat may be absent
             figure = ratio_of(name, other, client_count)
             found.append((f"{name} >= {least}x {other}, {client_count} client(s)",
-                          f"{figure:.2f}x", figure >= least))
+                          f"{figure:.3f}x", figure >= least))
     for row in results["head_of_line"]["rows"]:
         found.append((f"head-of-line cap {row['pool_cap']} within max(3 ms, 10%) of "
                       f"{row['predicted_ms']:.0f} ms", f"{row['wall_ms']['median']:.1f} ms",
@@ -667,7 +697,8 @@ def low_high(figures, form="{:.0f}"):
 
 def render(results, arguments):
     header = (f"bench.py on {os.cpu_count()} cores, Python {platform.python_version()}, "
-              f"{platform.system()} {platform.release()}; one run of: {arguments}\n")
+              f"{platform.system()} {platform.release()}, load average {results['load_average']:.1f} "
+              f"at the start; one run of: {arguments}\n")
     out = [header]
     section = results["overhead"]
     out.append(table(
@@ -680,7 +711,7 @@ def render(results, arguments):
          for row in sorted(section["rows"], key=lambda row: row["clients"])]))
     out.extend(note + "\n" for note in section["notes"])
     out.append(table(
-        "CPU time of each Python proxy's process per request, over the whole overhead section",
+        "CPU time of each relay's processes per request, over the whole overhead section",
         ["relay", "requests", "user us/req", "system us/req"],
         [[row["relay"], row["requests"], f"{row['user_us']:.0f}", f"{row['system_us']:.0f}"]
          for row in section["cpu"]]))
@@ -746,6 +777,7 @@ def main(argv=None):
     seconds = arguments.seconds or (0.15 if arguments.quick else 1.0)
     started = time.perf_counter()
     results = {"cores": os.cpu_count(), "python": platform.python_version(),
+               "load_average": os.getloadavg()[0],   # other work on the machine skews every figure
                "command": " ".join(["python3", "bench.py", *(argv if argv is not None else sys.argv[1:])])}
     progress("section 1/5: overhead")
     results["overhead"] = overhead(repetitions, seconds)

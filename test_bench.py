@@ -100,8 +100,8 @@ def test_targets_compare_rates_from_the_same_repetition():
         "scale": {"clients": 1000, "wrong": 0, "unanswered": 0, "peak_rss_mb": 40.0},
     }
     assert bench.targets(results) == [
-        ("PassthroughProxy >= 0.9x socat, 1 client(s)", "0.80x", False),
-        ("FramedProxy cap 1 >= 0.75x PassthroughProxy, 1 client(s)", "1.00x", True),
+        ("PassthroughProxy >= 0.9x socat, 1 client(s)", "0.800x", False),
+        ("FramedProxy cap 1 >= 0.75x PassthroughProxy, 1 client(s)", "1.000x", True),
         ("head-of-line cap 2 within max(3 ms, 10%) of 80 ms", "83.5 ms", False),
         ("1000 clients, 0 wrong answers", "0 wrong or unanswered", True),
         ("1,000 clients, proxy peak RSS < 64 MB", "40.0 MB", True),
