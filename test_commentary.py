@@ -1,0 +1,417 @@
+"""COMMENTARY.md, kept honest: each test checks one kind of claim the commentary
+makes, against the code, the demo's checked-in transcripts and the line counter,
+so a change that makes the text stale turns `make test` red.
+
+The rules the tests enforce, written for the merged file as much as for Part one:
+
+- A fenced block with the info string `transcript` is a slice of the demo's
+  output: its lines appear, in order and contiguous, in one checked-in transcript
+  (transcripts/demo.txt, which test_tcp_proxy.py proves is what `python3 demo.py`
+  prints, or transcripts/managed.txt once it exists). A slice may not straddle two.
+- A fenced block with the info string `python` is a slice of a module: its lines
+  appear contiguous in the module named by the last backticked `*.py` in the
+  paragraph just before the block, compared exactly, indentation included. A
+  line that is only `...` elides: it splits the slice into runs, each run is
+  checked on its own, and the runs must appear in the module in that order.
+- Every fenced block says what it holds (an info string); a block that is
+  neither `transcript` nor `python` is not checked against anything.
+- Figures: in Part one and the appendix (not the sections issues 4 and 5 fill),
+  every numeral in the prose sits inside a phrase that figures() below builds
+  from the code, or is a reference (an RFC, a CVE, an issue or section number, a
+  year, a version), or stands in a paragraph that says it is "one run" and names
+  the `python3 ...` command that produced it. Fenced blocks, inline code, URLs
+  and headings are not prose.
+
+    python3 test_commentary.py    prints how many slices the tests check
+"""
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import demo
+from linecount import code_lines
+from tcp_proxy import MAX_LINE, FramedProxy, Hooks, Server, answer
+
+HERE = Path(__file__).parent
+COMMENTARY = HERE / "COMMENTARY.md"
+TRANSCRIPTS = [HERE / "transcripts" / "demo.txt", HERE / "transcripts" / "managed.txt"]
+REFERENCE = HERE.parent / "shared" / "reference" / "tcp-proxy-commentary.txt"
+
+FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})[ \t]*([^\s`]*)")
+MODULE = re.compile(r"`([\w./-]+\.py)`")
+
+
+# --- reading the markdown --------------------------------------------------------
+
+def text():
+    return COMMENTARY.read_text(encoding="utf-8")
+
+
+def fenced_blocks(source=None):
+    """Every fenced block as (info, body lines, line number of its fence, the
+    paragraph just before it), body lines unindented as CommonMark does."""
+    lines = (source if source is not None else text()).splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        indent, fence, info = opening.groups()
+        end = i + 1
+        while end < len(lines) and lines[end].strip() != fence:
+            end += 1
+        body = [line[min(len(indent), len(line) - len(line.lstrip(" "))):]
+                for line in lines[i + 1:end]]
+        before, above = [], i
+        while above > 0 and not lines[above - 1].strip():
+            above -= 1   # the blank lines between the paragraph and its block
+        for line in reversed(lines[:above]):
+            if not line.strip() or FENCE.match(line):
+                break
+            before.insert(0, line)
+        blocks.append((info, body, i + 1, "\n".join(before)))
+        i = end + 1
+    return blocks
+
+
+def blocks_of(kind):
+    return [block for block in fenced_blocks() if block[0] == kind]
+
+
+def without_fences(source):
+    """The text with every fenced block blanked out, line numbers kept."""
+    lines = source.splitlines()
+    for _, body, fence_line, _ in fenced_blocks(source):
+        for number in range(fence_line - 1, fence_line + len(body) + 1):
+            if number < len(lines):
+                lines[number] = ""
+    return "\n".join(lines)
+
+
+def headings(source=None):
+    """(level, title) of every ATX heading outside fenced blocks."""
+    found = re.findall(r"^(#{1,6})\s+(.+?)\s*#*\s*$", without_fences(source or text()), re.M)
+    return [(len(hashes), title) for hashes, title in found]
+
+
+def section(title_pattern, source=None):
+    """The text under the first heading matching title_pattern, up to the next
+    heading of the same level or higher."""
+    source = source or text()
+    lines = source.splitlines()
+    blanked = without_fences(source).splitlines()
+    start = level = None
+    for number, line in enumerate(blanked):
+        heading = re.match(r"^(#{1,6})\s+(.+)", line)
+        if heading and start is None and re.search(title_pattern, heading.group(2), re.I):
+            start, level = number, len(heading.group(1))
+        elif heading and start is not None and len(heading.group(1)) <= level:
+            return "\n".join(lines[start:number])
+    return "\n".join(lines[start:]) if start is not None else ""
+
+
+def contiguous_at(haystack, needle, start=0):
+    """The first index >= start where needle sits contiguous in haystack, else -1."""
+    for index in range(start, len(haystack) - len(needle) + 1):
+        if haystack[index:index + len(needle)] == needle:
+            return index
+    return -1
+
+
+def runs(lines):
+    """A slice split at its elision lines (`...`), empty runs dropped."""
+    found, current = [], []
+    for line in lines:
+        if line.strip() == "...":
+            found.append(current)
+            current = []
+        else:
+            current.append(line)
+    return [run for run in found + [current] if run]
+
+
+def transcripts():
+    return {path.name: path.read_text(encoding="utf-8").splitlines()
+            for path in TRANSCRIPTS if path.exists()}
+
+
+# --- slices ------------------------------------------------------------------------
+
+def slice_id(block):
+    return f"line{block[2]}"
+
+
+@pytest.mark.parametrize("block", blocks_of("transcript"), ids=slice_id)
+def test_transcript_slice_is_contiguous_output_of_the_demo(block):
+    _, body, fence_line, _ = block
+    assert body, f"the transcript block at line {fence_line} is empty"
+    homes = [name for name, lines in transcripts().items() if contiguous_at(lines, body) >= 0]
+    assert homes, (f"the transcript slice at line {fence_line} is not contiguous in any of "
+                   f"{sorted(transcripts())}: rerun the demo and copy it again")
+
+
+@pytest.mark.parametrize("block", blocks_of("python"), ids=slice_id)
+def test_python_slice_is_contiguous_in_the_module_named_just_before_it(block):
+    _, body, fence_line, before = block
+    named = MODULE.findall(before)
+    assert named, (f"the python block at line {fence_line} has no backticked *.py in the "
+                   f"paragraph before it, so nothing says what it quotes")
+    module = HERE / named[-1]
+    assert module.exists(), f"the python block at line {fence_line} quotes {named[-1]}, which does not exist"
+    source = module.read_text(encoding="utf-8").splitlines()
+    position = 0
+    for run in runs(body):
+        found = contiguous_at(source, run, position)
+        assert found >= 0, (f"the python block at line {fence_line} is not a contiguous slice "
+                            f"of {named[-1]} from its line {position + 1} on; first line: {run[0]!r}")
+        position = found + len(run)
+
+
+def test_commentary_quotes_every_scenario_of_the_demo_as_a_transcript_slice():
+    quoted = [line for _, body, _, _ in blocks_of("transcript") for line in body]
+    titles = [line for line in transcripts()["demo.txt"] if line.startswith("== ")]
+    assert titles and [title for title in titles if title not in quoted] == []
+
+
+def test_every_fenced_block_says_what_it_holds():
+    unlabelled = [line for info, _, line, _ in fenced_blocks() if not info]
+    assert unlabelled == [], f"fenced blocks with no info string at lines {unlabelled}"
+
+
+# --- links, sections, questions ------------------------------------------------------
+
+def slug(title):
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    title = re.sub(r"`|\*|_(?=\w)|(?<=\w)_", "", title).strip().lower()
+    return re.sub(r"[^\w\- ]", "", title).replace(" ", "-")
+
+
+def test_every_relative_link_points_to_a_file_or_heading_that_exists():
+    prose = re.sub(r"`[^`\n]*`", "", without_fences(text()))
+    targets = re.findall(r"\]\(([^)\s]+)\)", prose) + re.findall(r'href="([^"]+)"', prose)
+    anchors = {slug(title) for _, title in headings()}
+    broken = []
+    for target in targets:
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):
+            continue   # a URL, checked by hand (see Further reading)
+        path, _, anchor = target.partition("#")
+        if path and not (COMMENTARY.parent / path).exists():
+            broken.append(target)
+        elif not path and anchor not in anchors:
+            broken.append(target)
+    assert broken == []
+
+
+# The issue's twelve sections, in its order, each found by a loose keyword; the
+# two sections issues 4 and 5 deliver sit between Further reading and the appendix.
+SECTION_ORDER = [r"orientation|start here", r"problem", r"background", r"mental model",
+                 r"reading the source|the source", r"the demo|scenario", r"boundary",
+                 r"design decisions|roads not taken", r"simplified|production",
+                 r"check yourself", r"further reading", r"measuring the cost",
+                 r"part two", r"appendix"]
+
+
+def test_sections_appear_in_the_order_the_issue_gives():
+    titles = [title for _, title in headings()]
+    position = 0
+    for pattern in SECTION_ORDER:
+        later = [i for i, title in enumerate(titles) if i >= position and re.search(pattern, title, re.I)]
+        assert later, f"no heading matching {pattern!r} after {titles[position - 1]!r}"
+        position = later[0] + 1
+
+
+def test_check_yourself_holds_6_to_10_questions_each_with_its_answer_folded_under_a_summary():
+    questions = re.findall(r"<details>(.*?)</details>", section(r"check yourself"), re.S)
+    assert 6 <= len(questions) <= 10
+    for question in questions:
+        summary = re.search(r"<summary>(.+?)</summary>(.*)", question, re.S)
+        assert summary and summary.group(1).strip() and summary.group(2).strip(), question[:80]
+
+
+# --- figures -------------------------------------------------------------------------
+
+def source_of(thing):
+    return inspect.getsource(thing) if not isinstance(thing, Path) else thing.read_text()
+
+
+def number_in(thing, pattern):
+    """The integer a regular expression's group finds in some source: a figure the
+    demo, the Makefile or a test fixes by writing it down."""
+    found = re.search(pattern, source_of(thing))
+    assert found, f"{pattern!r} no longer matches: the figure it read has moved"
+    return int(found.group(1))
+
+
+def figures():
+    """Every phrase in which the commentary states a figure about the code, built
+    here from the code, the demo, the tests or the line counter, never typed in.
+    A phrase whose condition no longer holds drops out, and its figure turns up
+    as unchecked."""
+    alpha, beta, ha = answer(b"GET alpha"), answer(b"GET beta"), answer(b"ha")
+    glued = answer(b"GET alpGET beta")
+    a1, a2, b1 = len(b"GET alp"), len(b"ha\n"), len(b"GET beta\n")
+    a_whole, b_whole = len(b"GET alpha\n"), len(b"GET beta\n")
+    clients, rounds = len(demo.CLIENT_NAMES), demo.ROUNDS
+    requests = clients * rounds
+    caps = [int(cap) for cap in re.search(r"for cap in \(([\d, ]+)\)", source_of(demo.pool_caps)).group(1).split(",")]
+    split = number_in(demo.release_trial, r"split_at=(\d+)")
+    timeout = inspect.signature(FramedProxy).parameters["release_timeout"].default
+    lines = code_lines(HERE / "tcp_proxy.py")
+    ceiling = number_in(HERE / "test_tcp_proxy.py", r"== \d+ <= (\d+)")
+    reruns = number_in(HERE / "test_tcp_proxy.py", r"for _ in range\((\d+)\)\]\n    outputs")
+    check_runs = number_in(HERE / "Makefile", r"seq (\d+)")
+    phrases = [
+        # the protocol
+        f"and {len(alpha) - len(b'alpha=') - 1} copies of",
+        f"{len(alpha)} bytes of alpha's reply, {len(beta)} of beta's",
+        f"past {MAX_LINE} bytes",
+        # scenario 1: the bytes add up
+        f"{a1} + {a2} + {b1} = {a1 + a2 + b1} bytes went up",
+        f"error of {len(glued)} bytes and\n{len(ha)} bytes",
+        f"both errors ({len(glued) + len(ha)} bytes)",
+        # scenarios 2, 3 and 8: two replies, one owner
+        f"its {a_whole} bytes, B its {b_whole} bytes",
+        f"{len(alpha)} + {len(beta)} = {len(alpha) + len(beta)} bytes",
+        f"all\n{len(alpha)} bytes",
+        f"all {len(alpha)} bytes",
+        # the clients, the rounds, the pool
+        f"{len(demo.SCENARIOS)} scenarios",
+        f"{clients} clients",
+        f"{clients} × {rounds} = {requests} requests",
+        f"{requests} requests",
+        f"{requests} answers",
+        f"{rounds} requests",
+        f"{clients} client\nconnections and {clients} upstream connections",
+        f"{requests}/{clients} = {requests / clients:.1f} requests",
+        f"the ratio {clients / clients:.1f}",
+        f"{clients * 2} EOFs",
+        f"the {clients} relays",
+        f"{requests}/1 = {requests:.1f}",
+        f"{requests}/{clients} = {requests / clients:.1f}",
+        f"cap {max(caps)} opens {min(max(caps), clients)}",
+        f"cap of {max(caps)}",
+        f"min({max(caps)}, {clients}) = {min(max(caps), clients)}",
+        f"{min(max(caps), clients)} connections",
+        f"at most {clients} requests",
+        f"the {clients} client connections share 1 upstream connection",
+        f"{clients}/1 = {clients:.1f}",
+        # scenario 6: the paused reply
+        f"first {split} bytes",
+        f"remaining {len(alpha) - split} bytes",
+        f"{timeout} s",
+        f"0/{clients}",
+        f"{clients}/{clients}",
+        # hooks, lifecycle, the tests that hold the transcript still
+        f"{Hooks.hook_timeout:g} s",
+        f"runs it {reruns} times",
+        f"demo {check_runs} times",
+        # the line budget
+        f"{lines} lines of code",
+        f"{ceiling - lines} lines\nof headroom",
+    ]
+    conditions = {
+        "port 0": '("127.0.0.1", 0)' in source_of(Server.__init__),
+        "exits 1": "return 1" in source_of(demo.run),
+        "Nothing: 0 bytes": 'half_close_trial(False) == b""' in source_of(HERE / "test_tcp_proxy.py"),
+        "1 client": "for count in (1, 2)" in source_of(demo.race),
+        "2 clients": "for count in (1, 2)" in source_of(demo.race),
+    }
+    return phrases + [phrase for phrase, holds in conditions.items() if holds]
+
+
+# Figures about the earlier implementation, quoted from its commentary: checked
+# against that text when ../shared/reference is present (it is in every CI run).
+EARLIER = {"357 lines of code": "or 357 excluding blanks and comments",
+           "300-line ceiling": "treat 300 as the hard ceiling"}
+
+# What is not a figure about the code: references and names that carry digits.
+NOT_FIGURES = re.compile("|".join([
+    r"RFC\s?\d+", r"§\s?[\d.]*\d", r"CVE-\d{4}-\d+", r"\bHTTP/\d(\.\d)?", r"\bPython \d+(\.\d+)*",
+    r"\blayer[- ]\d\b", r"\bIPv\d\b", r"\b(19|20)\d\d\b", r"\b(issues?|PRs?|pull requests?)"
+    r"( #?\d+(,| and| or|/)?)+", r"\b(sections?|scenarios?|questions?|steps?|parts?) \d+"
+    r"((,| and| to|-)+ ?\d+)*", r"\b[A-Z][\w-]*\d\w*\b", r"\b\w+\d+[a-z]\w*\b", r"\b\d+\.\d+(\.(\d+|x))+\b",
+]), re.I)
+
+NUMERAL = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w])")
+
+
+def part_one(source=None):
+    """The text Part one and the appendix own: everything but the sections that
+    issues 4 and 5 deliver (from "Measuring the cost" up to the appendix)."""
+    source = source or text()
+    cut = re.search(r"^#{1,6} .*measuring the cost.*$", source, re.I | re.M)
+    appendix = re.search(r"^#{1,6} .*appendix.*$", source, re.I | re.M)
+    if cut and appendix and cut.start() < appendix.start():
+        return source[:cut.start()] + source[appendix.start():]
+    return source
+
+
+def measured(paragraph):
+    """A paragraph that says it is one run's measurement and names its command."""
+    return re.search(r"\bone run\b", paragraph, re.I) and re.search(r"`python3 [^`]+`", paragraph)
+
+
+def flat(prose):
+    """Prose with every run of whitespace made one space, so a phrase matches
+    however the lines were wrapped."""
+    return " ".join(prose.split())
+
+
+def blank(pattern, line):
+    return re.sub(pattern, lambda m: " " * len(m.group()), line)
+
+
+def unchecked_figures(source=None):
+    """(paragraph, numeral) for every numeral in Part one's prose that nothing checks."""
+    phrases = [flat(phrase) for phrase in figures() + list(EARLIER)]
+    found = []
+    for paragraph in re.split(r"\n\s*\n", without_fences(part_one(source))):
+        if measured(paragraph):
+            continue
+        lines = [blank(r"^\s*(\d+\.|[-*>])\s", line) for line in paragraph.splitlines()
+                 if not line.lstrip().startswith("#")]
+        prose = flat(blank(r"<!--.*?-->|`[^`]*`|<code>.*?</code>|<summary>\s*\d+\.|\]\([^)]*\)"
+                           r"|https?://\S+", " ".join(lines)))
+        covered = [(m.start(), m.end()) for phrase in phrases
+                   for m in re.finditer(re.escape(phrase), prose)]
+        for numeral in NUMERAL.finditer(blank(NOT_FIGURES, prose)):
+            if not any(start <= numeral.start() and numeral.end() <= end for start, end in covered):
+                found.append((prose[:60], numeral.group()))
+    return found
+
+
+def test_every_figure_in_part_one_is_computed_by_a_test_or_marked_as_one_run():
+    assert unchecked_figures() == [], ("state these figures in a phrase figures() builds from "
+                                       "the code, or mark the paragraph as one run with its command")
+
+
+def test_every_figure_computed_here_is_stated_in_the_commentary():
+    source = flat(text())
+    assert [phrase for phrase in figures() if flat(phrase) not in source] == []
+
+
+def test_the_line_count_stated_is_the_one_linecount_computes():
+    assert f"{code_lines(HERE / 'tcp_proxy.py')} lines of code" in flat(part_one())
+
+
+@pytest.mark.skipif(not REFERENCE.exists(), reason="../shared/reference is not here")
+def test_figures_about_the_earlier_implementation_are_the_ones_its_commentary_states():
+    reference = " ".join(REFERENCE.read_text(encoding="utf-8").split())
+    source = flat(text())
+    for stated, quoted in EARLIER.items():
+        assert stated in source and quoted in reference, stated
+
+
+def test_the_figure_check_catches_an_unchecked_figure_and_spares_a_marked_one():
+    stale = "# 1. Orientation\n\nThe pool opened 7 connections.\n"
+    marked = "# 1. Orientation\n\nOne run of `python3 demo.py --race` opened 7 connections.\n"
+    assert unchecked_figures(stale) == [("The pool opened 7 connections.", "7")]
+    assert unchecked_figures(marked) == []
+
+
+if __name__ == "__main__":
+    print(f"{len(blocks_of('transcript'))} transcript slices and {len(blocks_of('python'))} "
+          f"source slices checked; {len(figures())} computed figures")
