@@ -182,15 +182,21 @@ class PeakThreads:
 
 
 def serve_in_child(kind, upstream_addr, options, pipe):
-    """A child process's whole life: serve, report the address, wait for "stop",
-    then send back what the process used."""
+    """A child process's whole life: serve, report the address, answer
+    ("wait", counter, n, timeout) messages until "stop", then send back what the process used."""
     raise_open_file_limit()
     server = build_server(kind, upstream_addr, options)
     threads = PeakThreads()
     at_start = resource.getrusage(resource.RUSAGE_SELF)   # the CPU of starting up is not the server's
     pipe.send(server.addr)
     with contextlib.suppress(EOFError):   # the parent died: stop all the same
-        pipe.recv()
+        while (message := pipe.recv()) != "stop":
+            _, counter, level, timeout = message
+            try:
+                getattr(server, f"wait_{counter}")(level, timeout=timeout)
+                pipe.send(None)
+            except TimeoutError as error:
+                pipe.send(str(error))
     peak_threads = threads.stop()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     user, system = usage.ru_utime - at_start.ru_utime, usage.ru_stime - at_start.ru_stime
@@ -234,6 +240,13 @@ class ServiceProcess(Running):
         except EOFError:   # silent, or died before it listened (its traceback is on stderr)
             self.process.kill()
             raise RuntimeError(f"{kind} did not start within {START_TIMEOUT} s") from None
+
+    def wait_for(self, counter, level, timeout=START_TIMEOUT):
+        """Block until the server's hook counter reaches level (see tcp_proxy's Hooks)."""
+        self.pipe.send(("wait", counter, level, timeout))
+        failure = self.pipe.recv() if self.pipe.poll(timeout + START_TIMEOUT) else "no answer"
+        if failure:
+            raise TimeoutError(f"{self.kind}: {failure}")
 
     def stop(self):
         if self.report is not None or not self.process.is_alive():
@@ -612,23 +625,26 @@ def pipelining(repetitions):
 
 
 def scale():
-    """1,000 clients connected at once through FramedProxy cap 8, one request each."""
+    """SCALE_CLIENTS clients connected at once, one request each, through
+    FramedProxy cap 8 (the target) and PassthroughProxy (two threads a client)."""
+    rows = []
     with ServiceProcess("upstream") as upstream:
-        proxy = ServiceProcess("framed", upstream.addr, pool_cap=SCALE_POOL_CAP)
-        with proxy:
-            connect_started = time.perf_counter()
-            clients = connect_clients(proxy.addr, SCALE_CLIENTS)
-            connect_seconds = time.perf_counter() - connect_started
-            try:
-                measured = exchange_rounds(clients, 1)
-            finally:
-                close_clients(clients)
-        report = proxy.report
-    return {"clients": SCALE_CLIENTS, "pool_cap": SCALE_POOL_CAP,
-            "answered": measured.answered, "wrong": measured.wrong, "unanswered": measured.unanswered,
-            "connect_ms": connect_seconds * 1e3, "burst_ms": measured.seconds * 1e3,
-            "p50_ms": measured.percentile(0.50) * 1e3, "p99_ms": measured.percentile(0.99) * 1e3,
-            "peak_threads": report["peak_threads"], "peak_rss_mb": report["peak_rss_mb"]}
+        for label, kind, options in ((f"FramedProxy cap {SCALE_POOL_CAP}", "framed", {"pool_cap": SCALE_POOL_CAP}),
+                                     ("PassthroughProxy", "passthrough", {})):
+            with ServiceProcess(kind, upstream.addr, **options) as proxy:
+                connect_started = time.perf_counter()
+                clients = connect_clients(proxy.addr, SCALE_CLIENTS)
+                try:   # connect() returns once the kernel queued it; the proxy accepts later
+                    proxy.wait_for("connections", SCALE_CLIENTS)
+                    accept_seconds = time.perf_counter() - connect_started
+                    measured = exchange_rounds(clients, 1)
+                finally:
+                    close_clients(clients)
+            rows.append({"relay": label, "answered": measured.answered, "wrong": measured.wrong,
+                         "unanswered": measured.unanswered, "accepted_ms": accept_seconds * 1e3,
+                         "burst_ms": measured.seconds * 1e3, "p50_ms": measured.percentile(0.50) * 1e3,
+                         "p99_ms": measured.percentile(0.99) * 1e3, **proxy.report})
+    return {"clients": SCALE_CLIENTS, "rows": rows}
 
 
 def profile(seconds, client_count=8):
@@ -668,12 +684,12 @@ def targets(results):
         found.append((f"head-of-line cap {row['pool_cap']} within max(3 ms, 10%) of "
                       f"{row['predicted_ms']:.0f} ms", f"{row['wall_ms']['median']:.1f} ms",
                       row["within_target"]))
-    measured = results["scale"]
-    found.append((f"{measured['clients']} clients, 0 wrong answers",
+    measured = results["scale"]["rows"][0]   # FramedProxy cap 8, the one the targets name
+    found.append((f"{results['scale']['clients']} clients through {measured['relay']}, 0 wrong answers",
                   f"{measured['wrong'] + measured['unanswered']} wrong or unanswered",
                   measured["wrong"] + measured["unanswered"] == 0))
-    found.append(("1,000 clients, proxy peak RSS < 64 MB", f"{measured['peak_rss_mb']:.1f} MB",
-                  measured["peak_rss_mb"] < 64))
+    found.append((f"{results['scale']['clients']} clients through {measured['relay']}, peak RSS < 64 MB",
+                  f"{measured['peak_rss_mb']:.1f} MB", measured["peak_rss_mb"] < 64))
     return found
 
 
@@ -742,13 +758,13 @@ def render(results, arguments):
         out.append("3. Pipelining vs pooling\n" + "".join(note + "\n" for note in section["notes"]))
     section = results["scale"]
     out.append(table(
-        f"4. Scale: {section['clients']} clients connected at once through FramedProxy "
-        f"cap {section['pool_cap']}, one request each",
-        ["answered", "wrong", "unanswered", "connect ms", "burst ms", "p50 ms", "p99 ms",
-         "proxy peak threads", "proxy peak RSS MB"],
-        [[section["answered"], section["wrong"], section["unanswered"], f"{section['connect_ms']:.0f}",
-          f"{section['burst_ms']:.0f}", f"{section['p50_ms']:.1f}", f"{section['p99_ms']:.1f}",
-          section["peak_threads"], f"{section['peak_rss_mb']:.1f}"]]))
+        f"4. Scale: {section['clients']} clients connect at once, then each sends one request; "
+        f"accepted = from the first connect until the proxy has accepted them all",
+        ["relay", "answered", "wrong", "unanswered", "accepted ms", "burst ms", "p50 ms", "p99 ms",
+         "peak threads", "peak RSS MB"],
+        [[row["relay"], row["answered"], row["wrong"], row["unanswered"], f"{row['accepted_ms']:.0f}",
+          f"{row['burst_ms']:.0f}", f"{row['p50_ms']:.1f}", f"{row['p99_ms']:.1f}",
+          row["peak_threads"], f"{row['peak_rss_mb']:.1f}"] for row in section["rows"]]))
     out.append(table("5. The targets of issue 5", ["target", "measured", "reached"],
                      [[name, figure, "yes" if reached else "NO"] for name, figure, reached in targets(results)]))
     for label, report in (results.get("profile") or {}).items():

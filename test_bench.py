@@ -4,6 +4,8 @@ verdicts come out as written. The bench itself runs with `make bench`."""
 import socket
 import time
 
+import pytest
+
 import bench
 from tcp_proxy import Upstream
 
@@ -67,9 +69,12 @@ def test_nagle_passthrough_proxy_turns_nodelay_off_on_what_it_tracks():
         proxy.forget(sock)
 
 
-def test_service_process_serves_and_reports_its_threads_and_memory():
+def test_service_process_serves_waits_on_hooks_and_reports_its_threads_and_memory():
     with bench.ServiceProcess("upstream") as upstream:
         measured = rounds_against(upstream, 2, requests_each=5)
+        upstream.wait_for("replies", 10)
+        with pytest.raises(TimeoutError, match="replies to reach 11"):
+            upstream.wait_for("replies", 11, timeout=0.1)
     assert (measured.answered, measured.wrong) == (10, 0)
     # main, accept loop, and a reader and a writer per client
     assert upstream.report["peak_threads"] == 6
@@ -97,12 +102,13 @@ def test_targets_compare_rates_from_the_same_repetition():
         "overhead": {"rows": overhead_rows},
         "head_of_line": {"rows": [{"pool_cap": 2, "predicted_ms": 80.0, "wall_ms": {"median": 83.5},
                                    "within_target": False}]},
-        "scale": {"clients": 1000, "wrong": 0, "unanswered": 0, "peak_rss_mb": 40.0},
+        "scale": {"clients": 1000, "rows": [{"relay": "FramedProxy cap 8", "wrong": 0, "unanswered": 0,
+                                             "peak_rss_mb": 40.0}]},
     }
     assert bench.targets(results) == [
         ("PassthroughProxy >= 0.9x socat, 1 client(s)", "0.800x", False),
         ("FramedProxy cap 1 >= 0.75x PassthroughProxy, 1 client(s)", "1.000x", True),
         ("head-of-line cap 2 within max(3 ms, 10%) of 80 ms", "83.5 ms", False),
-        ("1000 clients, 0 wrong answers", "0 wrong or unanswered", True),
-        ("1,000 clients, proxy peak RSS < 64 MB", "40.0 MB", True),
+        ("1000 clients through FramedProxy cap 8, 0 wrong answers", "0 wrong or unanswered", True),
+        ("1000 clients through FramedProxy cap 8, peak RSS < 64 MB", "40.0 MB", True),
     ]
