@@ -20,7 +20,8 @@ The rules the tests enforce, written for the merged file as much as for Part one
   from the code, or is a reference (an RFC, a CVE, an issue or section number, a
   year, a version), or stands in a paragraph that says it is "one run" and names
   the `python3 ...` command that produced it. Fenced blocks, inline code, URLs
-  and headings are not prose.
+  and headings are not prose; inline code in Part one that carries a digit must
+  be a command or appear verbatim in one of the project's modules.
 
     python3 test_commentary.py    prints how many slices the tests check
 """
@@ -248,6 +249,7 @@ def number_in(thing, pattern):
 def figures():
     """Every phrase in which the commentary states a figure about the code, built
     here from the code, the demo, the tests or the line counter, never typed in.
+    Phrases are compared with their whitespace collapsed, however the text wraps.
     A phrase whose condition no longer holds drops out, and its figure turns up
     as unchecked."""
     alpha, beta, ha = answer(b"GET alpha"), answer(b"GET beta"), answer(b"ha")
@@ -256,7 +258,8 @@ def figures():
     a_whole, b_whole = len(b"GET alpha\n"), len(b"GET beta\n")
     clients, rounds = len(demo.CLIENT_NAMES), demo.ROUNDS
     requests = clients * rounds
-    caps = [int(cap) for cap in re.search(r"for cap in \(([\d, ]+)\)", source_of(demo.pool_caps)).group(1).split(",")]
+    caps = re.search(r"for cap in \(([\d, ]+)\)", source_of(demo.pool_caps)).group(1)
+    top_cap = max(int(cap) for cap in caps.split(","))
     split = number_in(demo.release_trial, r"split_at=(\d+)")
     timeout = inspect.signature(FramedProxy).parameters["release_timeout"].default
     lines = code_lines(HERE / "tcp_proxy.py")
@@ -270,12 +273,11 @@ def figures():
         f"past {MAX_LINE} bytes",
         # scenario 1: the bytes add up
         f"{a1} + {a2} + {b1} = {a1 + a2 + b1} bytes went up",
-        f"error of {len(glued)} bytes and\n{len(ha)} bytes",
+        f"error of {len(glued)} bytes and {len(ha)} bytes",
         f"both errors ({len(glued) + len(ha)} bytes)",
         # scenarios 2, 3 and 8: two replies, one owner
         f"its {a_whole} bytes, B its {b_whole} bytes",
         f"{len(alpha)} + {len(beta)} = {len(alpha) + len(beta)} bytes",
-        f"all\n{len(alpha)} bytes",
         f"all {len(alpha)} bytes",
         # the clients, the rounds, the pool
         f"{len(demo.SCENARIOS)} scenarios",
@@ -284,17 +286,17 @@ def figures():
         f"{requests} requests",
         f"{requests} answers",
         f"{rounds} requests",
-        f"{clients} client\nconnections and {clients} upstream connections",
+        f"{clients} client connections and {clients} upstream connections",
         f"{requests}/{clients} = {requests / clients:.1f} requests",
         f"the ratio {clients / clients:.1f}",
         f"{clients * 2} EOFs",
         f"the {clients} relays",
         f"{requests}/1 = {requests:.1f}",
         f"{requests}/{clients} = {requests / clients:.1f}",
-        f"cap {max(caps)} opens {min(max(caps), clients)}",
-        f"cap of {max(caps)}",
-        f"min({max(caps)}, {clients}) = {min(max(caps), clients)}",
-        f"{min(max(caps), clients)} connections",
+        f"cap {top_cap} opens {min(top_cap, clients)}",
+        f"cap of {top_cap}",
+        f"min({top_cap}, {clients}) = {min(top_cap, clients)}",
+        f"{min(top_cap, clients)} connections",
         f"at most {clients} requests",
         f"the {clients} client connections share 1 upstream connection",
         f"{clients}/1 = {clients:.1f}",
@@ -310,7 +312,7 @@ def figures():
         f"demo {check_runs} times",
         # the line budget
         f"{lines} lines of code",
-        f"{ceiling - lines} lines\nof headroom",
+        f"{ceiling - lines} lines of headroom",
     ]
     conditions = {
         "port 0": '("127.0.0.1", 0)' in source_of(Server.__init__),
@@ -386,6 +388,15 @@ def unchecked_figures(source=None):
 def test_every_figure_in_part_one_is_computed_by_a_test_or_marked_as_one_run():
     assert unchecked_figures() == [], ("state these figures in a phrase figures() builds from "
                                        "the code, or mark the paragraph as one run with its command")
+
+
+def test_code_in_part_one_that_carries_a_figure_is_a_command_or_quoted_from_a_module():
+    modules = "\n".join(path.read_text(encoding="utf-8") for path in HERE.glob("*.py")
+                        if path.name != Path(__file__).name)
+    prose = without_fences(part_one())
+    spans = re.findall(r"`([^`\n]+)`", prose) + re.findall(r"<code>(.*?)</code>", prose)
+    assert [span for span in spans if re.search(r"\d", span)
+            and not re.match(r"(python3|make)\b", span) and span not in modules] == []
 
 
 def test_every_figure_computed_here_is_stated_in_the_commentary():
