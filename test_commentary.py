@@ -228,7 +228,9 @@ def test_sections_appear_in_the_order_the_issue_gives():
 
 
 def test_check_yourself_holds_6_to_10_questions_each_with_its_answer_folded_under_a_summary():
-    questions = re.findall(r"<details>(.*?)</details>", section(r"check yourself"), re.S)
+    check_yourself = section(r"check yourself")
+    questions = re.findall(r"<details>(.*?)</details>", check_yourself, re.S)
+    assert check_yourself.count("<details>") == check_yourself.count("</details>") == len(questions)
     assert 6 <= len(questions) <= 10
     for question in questions:
         summary = re.search(r"<summary>(.+?)</summary>(.*)", question, re.S)
