@@ -752,14 +752,29 @@ class FaultyUpstream(Upstream):
       fail_next(n, how)         the next n replies: "drop" closes the connection
                                 instead; "cut" sends half the reply, then closes
       silent=True               accept and read, never answer
+      hold={1, 2}               hold replies 1 and 2 (counted from 1) until release()
     """
-    counters = {**Upstream.counters, "faults": 0}
+    counters = {**Upstream.counters, "faults": 0, "held": 0}
     # faults  replies dropped or cut; bumped by reply()
+    # held    replies stopped by `hold`; bumped as one starts waiting for release()
 
-    def __init__(self, silent=False, **upstream_options):
-        super().__init__(**upstream_options)
-        self.silent = silent
+    def __init__(self, silent=False, hold=(), **upstream_options):
+        super().__init__(pause=self._hold, **upstream_options)
+        self.silent, self.hold = silent, set(hold)
         self.faults_due = collections.deque()
+        self._released = threading.Event()
+
+    def _hold(self, number):
+        if number in self.hold:
+            self.count("held")
+            self._released.wait()
+
+    def release(self):
+        self._released.set()
+
+    def close(self):
+        self.release()   # a held reply would keep close() waiting for its thread
+        super().close()
 
     def fail_next(self, n=1, how="drop"):
         if how not in ("drop", "cut"):

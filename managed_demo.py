@@ -14,9 +14,6 @@ from managed import (FaultyUpstream, ManagedClient, ManagedError, ManagedProxy, 
                      ReliabilityCache, VirtualClock)
 from tcp_proxy import read_lines
 
-HOLD_LIMIT = 10.0   # seconds a held reply waits for its release before giving up: a bug
-
-
 # --- the demo's helpers ---------------------------------------------------------
 
 def outcome(function, *args):
@@ -54,19 +51,6 @@ def ask(addr, requests):
     return replies
 
 
-@contextlib.contextmanager
-def held_upstream(held_replies, **options):
-    """A FaultyUpstream that holds the replies numbered in held_replies until
-    release.set(); on exit the release comes first, so close() never waits on it."""
-    release = threading.Event()
-    upstream = FaultyUpstream(pause=lambda n: n in held_replies and release.wait(HOLD_LIMIT), **options)
-    try:
-        yield upstream, release
-    finally:
-        release.set()
-        upstream.close()
-
-
 def show_transitions(client, first=0):
     for before, after, reason in client.transitions[first:]:
         print(f"    {before} -> {after}: {reason}")
@@ -85,7 +69,7 @@ def dirty_return():
                 ("managed, msg_timeout_is_fatal: the connection is destroyed", {"msg_timeout_is_fatal": True})]
     for label, options in variants:
         clock = VirtualClock()
-        with held_upstream({1}) as (upstream, release):
+        with FaultyUpstream(hold={1}) as upstream:
             client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock, **options)
             print(f"{label}:")
             first = Background(client.call, b"GET apple\n")
@@ -95,7 +79,7 @@ def dirty_return():
             print(f"  pending calls after the timeout: {client.pending_calls}")
             second = Background(client.call, b"GET banana\n")
             client.wait_sent(2)
-            release.set()   # apple's reply, late, then banana's
+            upstream.release()   # apple's reply, late, then banana's
             reply = second.result()
             print(f"  GET banana -> {reply}   {right('GET banana', reply)}")
             if options.get("late_replies"):
@@ -189,27 +173,27 @@ def failover():
 def balance_load():
     for policy in ("balance_load", "failover"):
         with contextlib.ExitStack() as stack:
-            upstreams = [stack.enter_context(held_upstream(range(1, 10))) for _ in range(3)]
-            managed_set = ManagedSet([(upstream.addr, 3) for upstream, _ in upstreams], policy=policy)
+            upstreams = [stack.enter_context(FaultyUpstream(hold=range(1, 10))) for _ in range(3)]
+            managed_set = ManagedSet([(upstream.addr, 3) for upstream in upstreams], policy=policy)
             calls = [Background(managed_set.call, b"GET burst\n") for _ in range(9)]
             managed_set.wait_picks(9)   # every pick made while no reply can come back
-            for _, release in upstreams:
-                release.set()
+            for upstream in upstreams:
+                upstream.release()
             good = sum(call.result() == "burst=BBBBBBBBBBBB" for call in calls)
             print(f"{policy}: 9 calls at once, 3 upstreams of 3 connections: {good}/9 right")
-            print(f"  calls per upstream:       {[len(upstream.requests) for upstream, _ in upstreams]}")
-            print(f"  connections per upstream: {[upstream.connections for upstream, _ in upstreams]}")
+            print(f"  calls per upstream:       {[len(upstream.requests) for upstream in upstreams]}")
+            print(f"  connections per upstream: {[upstream.connections for upstream in upstreams]}")
             managed_set.shut_down()
 
 
 def back_pressure():
-    with held_upstream({1, 2}) as (upstream, release):
+    with FaultyUpstream(hold={1, 2}) as upstream:
         with ManagedProxy([(upstream.addr, 1)], pending_calls_max=2) as proxy:
             print("one connection, pending_calls_max=2; the upstream holds its first two replies")
             held = [Background(ask, proxy.addr, [request]) for request in ("GET a", "GET b")]
             upstream.wait_requests(2)
             print(f"  third client, GET c -> {ask(proxy.addr, ['GET c'])[0]}")
-            release.set()
+            upstream.release()
             for request, call in zip(("GET a", "GET b"), held):
                 print(f"  {request} -> {call.result()[0]}")
             print(f"  refused at once: {proxy.managed_set.refusals}; "

@@ -11,7 +11,7 @@ import managed
 from managed import (ClusterServiceUnavailable, CommunicationError, FaultyUpstream, ManagedClient,
                      ManagedError, ManagedProxy, ManagedSet, MessageLost, MessageTimeout, RealClock,
                      ReliabilityCache, ServiceUnavailable, VirtualClock)
-from managed_demo import Background, ask, held_upstream
+from managed_demo import Background, ask
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 A, B = ("127.0.0.2", 7001), ("127.0.0.2", 7002)   # cache keys only: nothing listens there
@@ -163,13 +163,14 @@ def test_idle_eof_takes_the_client_down_without_an_error_and_the_next_call_recon
 
 
 def test_an_error_counts_once_per_connection_not_once_per_pending_call():
-    with held_upstream({1}) as (upstream, release):
+    with FaultyUpstream(hold={1}) as upstream:
         cache = ReliabilityCache()
         client = ManagedClient(upstream.addr, rcache=cache)
         calls = [Background(client.call, b"GET %d\n" % n) for n in range(3)]
         upstream.wait_requests(3)
+        upstream.wait_held(1)
         upstream.fail_next(1)   # reply 1 is already held past the fault check: reply 2 is dropped
-        release.set()
+        upstream.release()
         lost = "MessageLost: upstream closed the connection"
         results = [call.result() for call in calls]   # the three were sent in any order
         assert results.count(lost) == 2
@@ -182,7 +183,7 @@ def test_an_error_counts_once_per_connection_not_once_per_pending_call():
 
 def test_non_fatal_timeout_keeps_the_connection_the_late_reply_is_discarded_and_counts_as_pending():
     clock = VirtualClock()
-    with held_upstream({1}) as (upstream, release):
+    with FaultyUpstream(hold={1}) as upstream:
         client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock)
         first = Background(client.call, b"GET apple\n")
         client.wait_sent(1)
@@ -193,7 +194,7 @@ def test_non_fatal_timeout_keeps_the_connection_the_late_reply_is_discarded_and_
         assert client.pending_calls == 1 and client.state == "up"
         second = Background(client.call, b"GET banana\n")
         client.wait_sent(2)
-        release.set()
+        upstream.release()
         assert second.result() == "banana=BBBBBBBBBBBB"
         assert (client.discarded, client.connects, client.errors, client.pending_calls) == (1, 1, 0, 0)
         client.shut_down()
@@ -201,7 +202,7 @@ def test_non_fatal_timeout_keeps_the_connection_the_late_reply_is_discarded_and_
 
 def test_fatal_timeout_destroys_the_connection_and_the_next_call_gets_its_own_reply():
     clock = VirtualClock()
-    with held_upstream({1}) as (upstream, release):
+    with FaultyUpstream(hold={1}) as upstream:
         client = ManagedClient(upstream.addr, msg_timeout=1.0, msg_timeout_is_fatal=True, clock=clock)
         first = Background(client.call, b"GET apple\n")
         client.wait_sent(1)
@@ -215,7 +216,7 @@ def test_fatal_timeout_destroys_the_connection_and_the_next_call_gets_its_own_re
 
 def test_the_forgetful_knob_really_misdelivers_a_late_reply():
     clock = VirtualClock()
-    with held_upstream({1}) as (upstream, release):
+    with FaultyUpstream(hold={1}) as upstream:
         client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock, late_replies="forget")
         first = Background(client.call, b"GET apple\n")
         client.wait_sent(1)
@@ -223,7 +224,7 @@ def test_the_forgetful_knob_really_misdelivers_a_late_reply():
         first.result()
         second = Background(client.call, b"GET banana\n")
         client.wait_sent(2)
-        release.set()
+        upstream.release()
         assert second.result() == "apple=AAAAAAAAAAAA"
         client.shut_down()
 
