@@ -262,8 +262,7 @@ class Upstream(Server):
 
     def __init__(self, gate=0, split_at=None, pause=None):
         super().__init__()
-        self.gate, self.split_at = gate, split_at
-        self.pause = pause
+        self.gate, self.split_at, self.pause = gate, split_at, pause
         self._reply_numbers = itertools.count(1)   # numbers replies for pause()
 
     def handle(self, conn):
@@ -450,7 +449,8 @@ class FramedProxy(Server):
                 buffer += more_of_reply(sock)
             reply, rest = buffer.split(b"\n", 1)
             return reply + b"\n", rest
-        # "timeout": over when the upstream has said nothing for release_timeout
+        # "timeout": over when the upstream, once it has begun, says nothing for release_timeout
+        buffer += more_of_reply(sock)
         while select.select([sock], [], [], self.release_timeout)[0]:
             buffer += more_of_reply(sock)
         return buffer, b""
