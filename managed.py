@@ -389,7 +389,8 @@ class ManagedClient(Hooks):
         self.count("calls")
         try:
             connection = self._usable_connection(call)
-            self._send(connection, call, request)
+            while not self._send(connection, call, request):   # it closed, idle, just now
+                connection = self._usable_connection(call)
             with self._lock:
                 return self._await(connection, call)
         finally:
@@ -469,10 +470,14 @@ class ManagedClient(Hooks):
         thread.start()
 
     def _send(self, connection, call, request):
+        """Queue the call on the connection and write its request; False if the
+        connection had ended quietly first (nothing was sent: the caller reconnects)."""
         with self._send_lock:   # queue order == wire order, so replies match calls
             with self._lock:
                 if connection.ended:
-                    raise connection.failure or MessageLost("connection closed before sending")
+                    if connection.failure:
+                        raise fresh(connection.failure)
+                    return False
                 connection.owed.append(call)
                 self.count("sent")
             try:
@@ -481,6 +486,7 @@ class ManagedClient(Hooks):
                 with self._lock:
                     self._end(connection, f"send failed: {error.strerror}",
                               MessageLost(f"send failed: {error.strerror}"))
+        return True
 
     def _await(self, connection, call):
         """With the lock held: the call's reply, once the reader thread delivers it."""
@@ -637,7 +643,11 @@ class ManagedSet(Hooks):
         return [sum(client.pending_calls for client in clients) for clients in self.clients]
 
     def pick(self):
-        """Reserve a client for one call; return (client, service index)."""
+        """Reserve a client for one call; return (client, service index).
+
+        The reservation counts as a pending call until that client's next call()
+        starts, so two threads picking at once never get the same idle client.
+        """
         with self._lock:
             if self._shut:
                 raise ManagedError("set shut down")

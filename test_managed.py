@@ -480,3 +480,14 @@ def test_demo_managed_prints_the_golden_transcript_three_times_over():
                              text=True, timeout=60)
         assert run.returncode == 0, run.stderr
         assert run.stdout == expected
+
+
+def test_a_waiting_eof_is_seen_before_sending_without_consuming_a_byte():
+    near, far = socket.socketpair()
+    with near, far:
+        assert not managed.peer_has_closed(near)
+        far.sendall(b"x")
+        assert not managed.peer_has_closed(near)   # data waiting is not an EOF
+        assert near.recv(1) == b"x"
+        far.close()
+        assert managed.peer_has_closed(near)
