@@ -647,12 +647,13 @@ def scale():
     return {"clients": SCALE_CLIENTS, "rows": rows}
 
 
-def profile(seconds, client_count=8):
-    """Where a proxy's CPU time goes: every thread profiled, merged, top functions."""
+def profile(seconds):
+    """Where a proxy's CPU time goes, in the two cases the targets are closest in:
+    every thread profiled, merged, the top functions by their own time."""
     reports = {}
     with ServiceProcess("upstream") as upstream:
-        for label, kind, options in (("PassthroughProxy", "passthrough", {}),
-                                     ("FramedProxy cap 8", "framed", {"pool_cap": 8})):
+        for label, kind, client_count, options in (("PassthroughProxy", "passthrough", 1, {}),
+                                                   ("FramedProxy cap 8", "framed", 8, {"pool_cap": 8})):
             with ServiceProcess(kind, upstream.addr, profile=True, **options) as proxy:
                 measured = throughput(proxy.addr, client_count, seconds)
             reports[label] = {"requests": measured.answered, "clients": client_count,
@@ -667,19 +668,20 @@ def targets(results):
     found = []
     rows = {(row["relay"], row["clients"]): row for row in results["overhead"]["rows"]}
 
-    def ratio_of(name, other, client_count):
-        """Median over repetitions of name's rate / other's rate, from the same repetition."""
+    def ratios(name, other, client_count):
+        """name's rate / other's rate in each repetition: both from the same one."""
         mine, theirs = rows[(name, client_count)]["runs"], rows[(other, client_count)]["runs"]
-        return statistics.median(a["rate"] / b["rate"] for a, b in zip(mine, theirs))
+        return spread([a["rate"] / b["rate"] for a, b in zip(mine, theirs)])
 
     comparisons = [("PassthroughProxy", "socat", client_count, 0.9) for client_count in (1, 8)]
     comparisons += [(f"FramedProxy cap {cap}", "PassthroughProxy", client_count, 0.75)
                     for cap in POOL_CAPS for client_count in CLIENT_COUNTS if client_count <= min(cap, 8)]
     for name, other, client_count, least in comparisons:
         if (name, client_count) in rows and (other, client_count) in rows:   # socat may be absent
-            figure = ratio_of(name, other, client_count)
+            figures = ratios(name, other, client_count)
             found.append((f"{name} >= {least}x {other}, {client_count} client(s)",
-                          f"{figure:.3f}x", figure >= least))
+                          f"{figures['median']:.2f}x ({low_high(figures, '{:.2f}')})",
+                          figures["median"] >= least))
     for row in results["head_of_line"]["rows"]:
         found.append((f"head-of-line cap {row['pool_cap']} within max(3 ms, 10%) of "
                       f"{row['predicted_ms']:.0f} ms", f"{row['wall_ms']['median']:.1f} ms",

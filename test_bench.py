@@ -106,8 +106,8 @@ def test_targets_compare_rates_from_the_same_repetition():
                                              "peak_rss_mb": 40.0}]},
     }
     assert bench.targets(results) == [
-        ("PassthroughProxy >= 0.9x socat, 1 client(s)", "0.800x", False),
-        ("FramedProxy cap 1 >= 0.75x PassthroughProxy, 1 client(s)", "1.000x", True),
+        ("PassthroughProxy >= 0.9x socat, 1 client(s)", "0.80x (0.50-0.90)", False),
+        ("FramedProxy cap 1 >= 0.75x PassthroughProxy, 1 client(s)", "1.00x (1.00-1.00)", True),
         ("head-of-line cap 2 within max(3 ms, 10%) of 80 ms", "83.5 ms", False),
         ("1000 clients through FramedProxy cap 8, 0 wrong answers", "0 wrong or unanswered", True),
         ("1000 clients through FramedProxy cap 8, peak RSS < 64 MB", "40.0 MB", True),
