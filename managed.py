@@ -29,6 +29,7 @@ The order a request takes through ManagedProxy:
 """
 import collections
 import contextlib
+import math
 import socket
 import threading
 import time
@@ -153,7 +154,7 @@ class Entry:
 
     def __init__(self, first_window):
         self.errors = 0
-        self.disabled_until = None   # clock time the current window ends; None: never disabled
+        self.disabled_until = -math.inf   # clock time the current window ends
         self.window = first_window   # length of the next window; doubles per disable
 
 
@@ -184,11 +185,16 @@ class ReliabilityCache(Hooks):
 
     def configure(self, **config):
         """Change settings in place, for every user of this cache, at any time."""
-        check_policy(config.get("policy", self.setting("policy")))
+        before = dict(self._config)
         self._config.update(config)
-        if self.setting("threshold") < 1 or not 0 < self.setting("disable_timeout_min") <= self.setting(
-                "disable_timeout_max"):
-            raise ValueError("threshold >= 1 and 0 < disable_timeout_min <= disable_timeout_max")
+        try:
+            check_policy(self.setting("policy"))
+            if self.setting("threshold") < 1 or not 0 < self.setting("disable_timeout_min") <= self.setting(
+                    "disable_timeout_max"):
+                raise ValueError("threshold >= 1 and 0 < disable_timeout_min <= disable_timeout_max")
+        except ValueError:
+            self._config = before   # a rejected change changes nothing
+            raise
         if self.setting("clock") is None and not self.parent:
             self._config["clock"] = RealClock()
 
@@ -226,7 +232,7 @@ class ReliabilityCache(Hooks):
         """Count one error against key; return the window it opens, if it opens one."""
         entry = self._entries.setdefault(key, Entry(self.setting("disable_timeout_min")))
         entry.errors += 1
-        if entry.disabled_until is not None and now < entry.disabled_until:
+        if now < entry.disabled_until:
             return None   # already disabled: an error now does not extend the window
         if entry.errors < self.setting("threshold"):
             return None
@@ -252,9 +258,9 @@ class ReliabilityCache(Hooks):
             return False
         now = self.clock.now()
         with self._lock:
-            for key in (addr, addr[0]):
+            for key in (addr, addr[0]) if self.setting("policy") != "none" else ():
                 entry = self._entries.get(key)
-                if entry and entry.disabled_until is not None and now < entry.disabled_until:
+                if entry and now < entry.disabled_until:
                     return False
         return self.parent.is_enabled(addr) if self.parent else True
 

@@ -470,17 +470,6 @@ def test_upstream_restarts_on_the_same_port():
     upstream.close()
 
 
-# --- the transcript --------------------------------------------------------------------
-
-def test_demo_managed_prints_the_golden_transcript_three_times_over():
-    with open(os.path.join(HERE, "transcripts", "managed.txt"), encoding="utf-8") as golden:
-        expected = golden.read()
-    for _ in range(3):
-        run = subprocess.run([sys.executable, "demo.py", "--managed"], cwd=HERE, capture_output=True,
-                             text=True, timeout=60)
-        assert run.returncode == 0, run.stderr
-        assert run.stdout == expected
-
 
 def test_a_waiting_eof_is_seen_before_sending_without_consuming_a_byte():
     near, far = socket.socketpair()
@@ -491,3 +480,58 @@ def test_a_waiting_eof_is_seen_before_sending_without_consuming_a_byte():
         assert near.recv(1) == b"x"
         far.close()
         assert managed.peer_has_closed(near)
+
+
+def test_a_rejected_setting_changes_nothing():
+    cache = ReliabilityCache(policy="independent", threshold=2)
+    with pytest.raises(ValueError):
+        cache.configure(threshold=0, policy="none")
+    assert (cache.setting("threshold"), cache.setting("policy")) == (2, "independent")
+
+
+def test_an_abandoned_call_counts_in_load_so_the_next_pick_opens_another_connection():
+    clock = VirtualClock()
+    with FaultyUpstream(hold={1}) as upstream:
+        managed_set = ManagedSet([(upstream.addr, 2)], clock=clock, msg_timeout=1.0)
+        late = Background(managed_set.call, b"GET a\n")
+        upstream.wait_requests(1)
+        clock.advance(1.0)
+        assert late.result() == "MessageTimeout: no reply within 1.0s"
+        assert managed_set.load() == [1] and managed_set.attempts == 1   # call() does not retry a timeout
+        client, _ = managed_set.pick()
+        assert client is managed_set.clients[0][1]
+        assert client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
+        upstream.release()
+        managed_set.clients[0][0].wait_discarded(1)
+        assert managed_set.load() == [0]
+        managed_set.shut_down()
+
+
+def test_every_transition_and_every_disable_reaches_on_event_with_its_reason():
+    clock, events = VirtualClock(), []
+    observe = lambda source, event: events.append((type(source).__name__,) + event)
+    cache = ReliabilityCache(policy="independent", clock=clock, on_event=observe)
+    managed_set = ManagedSet([(closed_port_addr(), 1)], rcache=cache, clock=clock, idempotent_max=1,
+                             on_event=observe)
+    with pytest.raises(CommunicationError):
+        managed_set.call(b"GET a\n")
+    assert [event[:4] for event in events] == [
+        ("ManagedClient", "transition", "down", "connecting"),
+        ("ReliabilityCache", "disabled", managed_set.services[0][0], 0.0),
+        ("ManagedClient", "transition", "connecting", "down"),
+        ("ManagedSet", "attempt", 1, 0)]
+    assert all(event[-1] for event in events)   # every reason is a non-empty string
+    assert events[2][-1] == "connect failed: Connection refused"
+    managed_set.shut_down()
+
+
+# --- the transcript --------------------------------------------------------------------
+
+def test_demo_managed_prints_the_golden_transcript_three_times_over():
+    with open(os.path.join(HERE, "transcripts", "managed.txt"), encoding="utf-8") as golden:
+        expected = golden.read()
+    for _ in range(3):
+        run = subprocess.run([sys.executable, "demo.py", "--managed"], cwd=HERE, capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout == expected
