@@ -19,8 +19,9 @@ Map of the module, in reading order:
     ManagedSet                clients over several services: pick(), call(),
                               idempotent_call() with retries
     ManagedProxy              FramedProxy's client loop, its exchange() done by a ManagedSet
-    FaultyUpstream            scaffolding: an Upstream that can stop, restart on the
-                              same port, drop or cut replies, or never answer
+
+The faults the scenarios need (an upstream that stops, restarts on the same port,
+drops or cuts a reply, or never answers) are scaffolding, in managed_demo.py.
 
 The order a request takes through ManagedProxy:
     client line -> FramedProxy.handle() -> exchange() -> ManagedSet.call(): pick()
@@ -34,7 +35,7 @@ import socket
 import threading
 import time
 
-from tcp_proxy import FramedProxy, Hooks, LineTooLong, Server, Upstream, read_lines, shutdown
+from tcp_proxy import FramedProxy, Hooks, LineTooLong, Server, read_lines, shutdown
 
 
 # --- time --------------------------------------------------------------------
@@ -757,63 +758,3 @@ class ManagedProxy(FramedProxy):
     def close(self):
         self.managed_set.shut_down()   # first: a handler waiting on an upstream gets an ERR
         super().close()
-
-
-# --- scaffolding: an upstream with faults on demand ----------------------------
-
-class FaultyUpstream(Upstream):
-    """An Upstream that can misbehave; used only by managed_demo.py and the tests.
-
-      close(), then restart()   stop, then listen again on the same port
-      fail_next(n, how)         the next n replies: "drop" closes the connection
-                                instead; "cut" sends half the reply, then closes
-      silent=True               accept and read, never answer
-      hold={1, 2}               hold replies 1 and 2 (counted from 1) until release()
-    """
-    counters = {**Upstream.counters, "faults": 0, "held": 0}
-    # faults  replies dropped or cut; bumped by reply()
-    # held    replies stopped by `hold`; bumped as one starts waiting for release()
-
-    def __init__(self, silent=False, hold=(), **upstream_options):
-        super().__init__(pause=self._hold, **upstream_options)
-        self.silent, self.hold = silent, set(hold)
-        self.faults_due = collections.deque()
-        self._released = threading.Event()
-
-    def _hold(self, number):
-        if number in self.hold:
-            self.count("held")
-            self._released.wait()
-
-    def release(self):
-        self._released.set()
-
-    def close(self):
-        self.release()   # a held reply would keep close() waiting for its thread
-        super().close()
-
-    def fail_next(self, n=1, how="drop"):
-        if how not in ("drop", "cut"):
-            raise ValueError(f"how is 'drop' or 'cut', not {how!r}")
-        self.faults_due.extend([how] * n)
-
-    def reply(self, conn, data):
-        if self.silent:
-            return
-        if self.faults_due:
-            how = self.faults_due.popleft()
-            if how == "cut":
-                conn.sendall(data[:len(data) // 2])
-            self.count("faults")
-            shutdown(conn)   # the reading thread sees EOF; the rest of the queue goes nowhere
-            raise ConnectionAbortedError(f"fault injected: {how}")
-        super().reply(conn, data)
-
-    def restart(self):
-        """Listen again on the port close() released (create_server sets SO_REUSEADDR)."""
-        with self._lock:
-            if not self.closed:
-                raise RuntimeError("restart() follows close()")
-            self._listener = socket.create_server(self.addr, backlog=1024)
-            self._sockets, self.closed = set(), False
-        self.spawn(self._accept_loop)

@@ -6,13 +6,74 @@ run: nothing printed carries a port, a real time or a thread id; times shown as
 t=1.0s are read from a VirtualClock, and no step sleeps. Every step waits on a
 hook (wait_<counter>(n)) or moves the virtual clock.
 """
+import collections
 import contextlib
 import socket
 import threading
 
-from managed import (FaultyUpstream, ManagedClient, ManagedError, ManagedProxy, ManagedSet,
-                     ReliabilityCache, VirtualClock)
-from tcp_proxy import read_lines
+from managed import ManagedClient, ManagedError, ManagedProxy, ManagedSet, ReliabilityCache, VirtualClock
+from tcp_proxy import Hooks, Upstream, read_lines, shutdown
+
+
+# --- the upstream, with faults on demand -------------------------------------------
+
+class FaultyUpstream(Upstream):
+    """An Upstream that can misbehave; used only by the scenarios below and the tests.
+
+      close(), then restart()   stop, then listen again on the same port
+      fail_next(n, how)         the next n replies: "drop" closes the connection
+                                instead; "cut" sends half the reply, then closes
+      silent=True               accept and read, never answer
+      hold={1, 2}               hold replies 1 and 2 (counted from 1) until release()
+    """
+    counters = {**Upstream.counters, "faults": 0, "held": 0}
+    # faults  replies dropped or cut; bumped by reply()
+    # held    replies stopped by `hold`; bumped as one starts waiting for release()
+
+    def __init__(self, silent=False, hold=(), **upstream_options):
+        super().__init__(pause=self._hold, **upstream_options)
+        self.silent, self.hold = silent, set(hold)
+        self.faults_due = collections.deque()
+        self._released = threading.Event()
+
+    def _hold(self, number):
+        if number in self.hold:
+            self.count("held")
+            self._released.wait()
+
+    def release(self):
+        self._released.set()
+
+    def close(self):
+        self.release()   # a held reply would keep close() waiting for its thread
+        super().close()
+
+    def fail_next(self, n=1, how="drop"):
+        if how not in ("drop", "cut"):
+            raise ValueError(f"how is 'drop' or 'cut', not {how!r}")
+        self.faults_due.extend([how] * n)
+
+    def reply(self, conn, data):
+        if self.silent:
+            return
+        if self.faults_due:
+            how = self.faults_due.popleft()
+            if how == "cut":
+                conn.sendall(data[:len(data) // 2])
+            self.count("faults")
+            shutdown(conn)   # the reading thread sees EOF; the rest of the queue goes nowhere
+            raise ConnectionAbortedError(f"fault injected: {how}")
+        super().reply(conn, data)
+
+    def restart(self):
+        """Listen again on the port close() released (create_server sets SO_REUSEADDR)."""
+        with self._lock:
+            if not self.closed:
+                raise RuntimeError("restart() follows close()")
+            self._listener = socket.create_server(self.addr, backlog=1024)
+            self._sockets, self.closed = set(), False
+        self.spawn(self._accept_loop)
+
 
 # --- the demo's helpers ---------------------------------------------------------
 
@@ -36,7 +97,10 @@ class Background:
         self._result = outcome(function, *args)
 
     def result(self):
-        self._thread.join()
+        """The outcome; TimeoutError if the thread is still running after a hook's patience."""
+        self._thread.join(Hooks.hook_timeout)
+        if self._thread.is_alive():
+            raise TimeoutError("gave up waiting for a call in the background")
         return self._result
 
 
@@ -73,7 +137,7 @@ def dirty_return():
             client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock, **options)
             print(f"{label}:")
             first = Background(client.call, b"GET apple\n")
-            client.wait_sent(1)
+            upstream.wait_held(1)   # apple's reply is the held one: no later reply takes its number
             clock.advance(1.0)
             print(f"  t={clock.now()}s GET apple  -> {first.result()}")
             print(f"  pending calls after the timeout: {client.pending_calls}")

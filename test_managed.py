@@ -8,10 +8,10 @@ import time
 import pytest
 
 import managed
-from managed import (ClusterServiceUnavailable, CommunicationError, FaultyUpstream, ManagedClient,
-                     ManagedError, ManagedProxy, ManagedSet, MessageLost, MessageTimeout, RealClock,
-                     ReliabilityCache, ServiceUnavailable, VirtualClock)
-from managed_demo import Background, ask
+from managed import (ClusterServiceUnavailable, CommunicationError, ManagedClient, ManagedError, ManagedProxy,
+                     ManagedSet, MessageLost, RealClock, ReliabilityCache, ServiceUnavailable,
+                     VirtualClock)
+from managed_demo import Background, FaultyUpstream, ask
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 A, B = ("127.0.0.2", 7001), ("127.0.0.2", 7002)   # cache keys only: nothing listens there
@@ -187,6 +187,7 @@ def test_non_fatal_timeout_keeps_the_connection_the_late_reply_is_discarded_and_
         client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock)
         first = Background(client.call, b"GET apple\n")
         client.wait_sent(1)
+        upstream.wait_held(1)   # reply 1 is the one held: no later reply takes its number
         clock.advance(0.999)
         assert first._thread.is_alive()
         clock.advance(0.001)
@@ -206,6 +207,7 @@ def test_fatal_timeout_destroys_the_connection_and_the_next_call_gets_its_own_re
         client = ManagedClient(upstream.addr, msg_timeout=1.0, msg_timeout_is_fatal=True, clock=clock)
         first = Background(client.call, b"GET apple\n")
         client.wait_sent(1)
+        upstream.wait_held(1)   # reply 1 is the one held: no later reply takes its number
         clock.advance(1.0)
         assert first.result() == "MessageTimeout: no reply within 1.0s"
         assert client.transitions[-1] == ("up", "down", "message timeout (fatal)")
@@ -220,6 +222,7 @@ def test_the_forgetful_knob_really_misdelivers_a_late_reply():
         client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock, late_replies="forget")
         first = Background(client.call, b"GET apple\n")
         client.wait_sent(1)
+        upstream.wait_held(1)   # reply 1 is the one held: no later reply takes its number
         clock.advance(1.0)
         first.result()
         second = Background(client.call, b"GET banana\n")
@@ -495,6 +498,7 @@ def test_an_abandoned_call_counts_in_load_so_the_next_pick_opens_another_connect
         managed_set = ManagedSet([(upstream.addr, 2)], clock=clock, msg_timeout=1.0)
         late = Background(managed_set.call, b"GET a\n")
         upstream.wait_requests(1)
+        upstream.wait_held(1)   # reply 1 is the one held: no later reply takes its number
         clock.advance(1.0)
         assert late.result() == "MessageTimeout: no reply within 1.0s"
         assert managed_set.load() == [1] and managed_set.attempts == 1   # call() does not retry a timeout
