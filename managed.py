@@ -620,7 +620,7 @@ class ManagedSet(Hooks):
     """
     counters = {"picks": 0, "attempts": 0, "retries": 0, "refusals": 0}
     # picks     clients handed out by pick(); attempts  calls started by call()/idempotent_call()
-    # retries   bumped when a retry is decided, before its wait; refusals  raised by pick()
+    # retries   bumped once a retry's wait has its deadline; refusals  raised by pick()
 
     RETRIED_BY_CALL = (CommunicationError, ServiceUnavailable)   # the request never left
     RETRIED_BY_IDEMPOTENT_CALL = RETRIED_BY_CALL + (MessageLost, MessageTimeout, ClusterServiceUnavailable)
@@ -704,7 +704,6 @@ class ManagedSet(Hooks):
                 self._note("attempt", attempt, index, f"{type(error).__name__}: {error}")
                 if attempt == self.idempotent_max:
                     raise
-                self.count("retries")
                 self._wait_before_retry()
             else:
                 self._note("attempt", attempt, index, "ok")
@@ -714,6 +713,7 @@ class ManagedSet(Hooks):
         """idempotent_wait seconds on the set's clock; shut_down() cuts it short."""
         with self._lock:
             deadline = self.clock.now() + self.idempotent_wait
+            self.count("retries")   # after the deadline is fixed: a waiter may advance the clock now
             while not self._shut and self.clock.now() < deadline:
                 self.clock.wait(self._lock, deadline)
             if self._shut:
