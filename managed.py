@@ -20,6 +20,10 @@ Map of the module, in reading order:
                               idempotent_call() with retries
     ManagedProxy              FramedProxy's client loop, its exchange() done by a ManagedSet
 
+Threads: each connection has a reader thread, and with idle_timeout > 0 an idle
+watchdog; shut_down() ends and joins them. Callers block in call() on the client's
+condition, which the clock wakes at their deadline.
+
 The faults the scenarios need (an upstream that stops, restarts on the same port,
 drops or cuts a reply, or never answers) are scaffolding, in managed_demo.py.
 
@@ -539,7 +543,7 @@ class ManagedClient(Hooks):
         if not connection.owed:
             self._end(connection, "a reply no call was waiting for", MessageLost("unexpected reply"))
             return
-        call = connection.owed.popleft()
+        call = connection.owed.popleft()   # the load-bearing line: a reply settles the oldest call owed
         if call.abandoned:
             self._calls.discard(call)
             self.count("discarded")
