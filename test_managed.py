@@ -178,6 +178,7 @@ def test_an_error_counts_once_per_connection_not_once_per_pending_call():
             [result for result in results if result != lost]
         assert (client.errors, cache.errors, client.pending_calls) == (1, 1, 0)
         assert client.transitions[-1] == ("up", "down", "upstream closed the connection with 2 call(s) owed")
+        assert len(upstream.requests) == 3 and client.connects == 1   # the client never retries by itself
         client.shut_down()
 
 
