@@ -90,24 +90,30 @@ class Background:
     """Run outcome(function, *args) in a thread; result() joins it."""
 
     def __init__(self, function, *args):
+        self._result, self._error = None, None
         self._thread = threading.Thread(target=self._run, args=(function, args), daemon=True)
         self._thread.start()
 
     def _run(self, function, args):
-        self._result = outcome(function, *args)
+        try:
+            self._result = outcome(function, *args)
+        except Exception as error:   # not a ManagedError: a bug, raised again by result()
+            self._error = error
 
     def result(self):
         """The outcome; TimeoutError if the thread is still running after a hook's patience."""
         self._thread.join(Hooks.hook_timeout)
         if self._thread.is_alive():
             raise TimeoutError("gave up waiting for a call in the background")
+        if self._error:
+            raise self._error
         return self._result
 
 
 def ask(addr, requests):
     """A proxy client: send each request line, wait for its reply; return the replies."""
     replies = []
-    with socket.create_connection(addr) as sock:
+    with socket.create_connection(addr, timeout=Hooks.hook_timeout) as sock:   # a hang reads as EOF
         lines = read_lines(sock)
         for request in requests:
             sock.sendall(request.encode() + b"\n")
