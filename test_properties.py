@@ -201,15 +201,16 @@ def test_managed_proxy_gives_every_client_exactly_its_own_replies_in_order():
 # --- the claim can fail --------------------------------------------------------------
 
 def test_a_pool_that_checks_in_on_a_silence_fails_the_claim():
-    """The timeout pool lends its connection while a reply is half sent (the
-    upstream pauses 50 ms after its first 3 bytes, the pool waits 5 ms): the
-    client reads the first 3 bytes of its first reply, then an empty reply."""
+    """The upstream pauses 150 ms after the first 3 bytes of each reply; the timeout
+    pool takes 20 ms of silence for the end. It hands the client b"a=A" as the
+    whole first reply, then the first reply's tail with the second's head as the
+    second: the client never sees the last 13 bytes of its reply to GET b."""
     scenario = {"clients": [[b"GET a\nGET b\n"]], "pool_cap": 1}
-    slow_upstream = Upstream(split_at=3, pause=lambda number: time.sleep(0.05))
+    slow_upstream = Upstream(split_at=3, pause=lambda number: time.sleep(0.15))
 
     def timeout_pool(addr, pool_cap):
-        return FramedProxy(addr, pool_cap=pool_cap, release="timeout", release_timeout=0.005)
+        return FramedProxy(addr, pool_cap=pool_cap, release="timeout", release_timeout=0.02)
 
     received, _, _ = replies_through(timeout_pool, scenario, slow_upstream)
     assert expected_replies(scenario["clients"][0]) == b"a=AAAAAAAAAAAA\nb=BBBBBBBBBBBB\n"
-    assert received == [b"a=A"]
+    assert received == [b"a=AAAAAAAAAAAA\nb=B"]
