@@ -1,16 +1,21 @@
 """bench.py: the times the demo cannot print, measured on this machine's loopback.
 
-    python3 bench.py                 every section, about three minutes
+    python3 bench.py                 every section, about two and a half minutes
     python3 bench.py --quick         fewer and shorter repetitions, under 30 s
     python3 bench.py --json FILE     also write every raw figure to FILE
     python3 bench.py --profile       also profile the proxies' threads under load
 
 Map of the module, in reading order:
 
+    NaglePassthroughProxy, DistantUpstream, ProfiledThreads
+                       the servers the bench adds: a relay without TCP_NODELAY, an
+                       upstream whose delays overlap, and per-thread cProfile
     ServiceProcess     one server (the upstream, a proxy) in a process of its own,
-                       so the load generator never shares its GIL; on stop it
-                       reports the process's peak threads, peak RSS and CPU time
-    ExternalRelay      socat or HAProxy (TCP mode) as a subprocess, when installed
+                       so the load generator never shares its GIL; it waits on the
+                       server's hooks on request, and on stop reports the
+                       process's peak threads, peak RSS and CPU time
+    ExternalRelay      socat or HAProxy (TCP mode) as a subprocess, when installed;
+                       its CPU time read from /proc
     Client, exchange_rounds()
                        the load generator: one thread, one selector, any number
                        of clients each doing request -> reply round trips, every
@@ -102,6 +107,8 @@ class ProfiledThreads:
 
     @classmethod
     def report(cls, lines=14):
+        """The top functions by their own time; recv() and _accept() count the
+        time their threads spent waiting, not only CPU."""
         text = io.StringIO()
         stats = pstats.Stats(*cls.profiles, stream=text)
         stats.sort_stats("tottime").print_stats(lines)
@@ -477,21 +484,21 @@ def spread(values):
     return {"median": statistics.median(values), "low": min(values), "high": max(values)}
 
 
-def overhead_targets(upstream_addr, notes):
+def start_relays(upstream_addr, notes):
     """Name -> a running server, for every relay the overhead section compares."""
-    targets = {"PassthroughProxy": ServiceProcess("passthrough", upstream_addr)}
+    relays = {"PassthroughProxy": ServiceProcess("passthrough", upstream_addr)}
     for cap in POOL_CAPS:
-        targets[f"FramedProxy cap {cap}"] = ServiceProcess("framed", upstream_addr, pool_cap=cap)
+        relays[f"FramedProxy cap {cap}"] = ServiceProcess("framed", upstream_addr, pool_cap=cap)
     if managed:
-        targets["ManagedProxy 8 conns"] = ServiceProcess("managed", upstream_addr, connections=8)
+        relays["ManagedProxy 8 conns"] = ServiceProcess("managed", upstream_addr, connections=8)
     else:
         notes.append("ManagedProxy: skipped, managed.py does not import")
     for tool in ExternalRelay.TOOLS:
         if shutil.which(tool):
-            targets[tool] = ExternalRelay(tool, upstream_addr)
+            relays[tool] = ExternalRelay(tool, upstream_addr)
         else:
             notes.append(f"{tool}: skipped, not installed")
-    return targets
+    return relays
 
 
 def overhead(repetitions, seconds):
@@ -500,23 +507,23 @@ def overhead(repetitions, seconds):
     notes, samples = [], {}
     with contextlib.ExitStack() as stack:
         upstream = stack.enter_context(ServiceProcess("upstream"))
-        targets = {name: stack.enter_context(server)
-                   for name, server in overhead_targets(upstream.addr, notes).items()}
-        addresses = {"direct": upstream.addr, **{name: server.addr for name, server in targets.items()}}
+        relays = {name: stack.enter_context(server)
+                  for name, server in start_relays(upstream.addr, notes).items()}
+        addresses = {"direct": upstream.addr, **{name: server.addr for name, server in relays.items()}}
         for repetition in range(repetitions):
             for client_count in CLIENT_COUNTS:
                 progress(f"overhead: repetition {repetition + 1}/{repetitions}, {client_count} clients")
                 direct = throughput(upstream.addr, client_count, seconds)
-                relays = list(addresses)[1:]
-                turn = repetition % len(relays)   # each relay in turn measured first after direct
-                for name in ["direct"] + relays[turn:] + relays[:turn]:
+                names = list(relays)
+                turn = repetition % len(names)   # each relay in turn measured first after direct
+                for name in ["direct"] + names[turn:] + names[:turn]:
                     measured = direct if name == "direct" else throughput(addresses[name], client_count, seconds)
                     samples.setdefault((name, client_count), []).append({
                         "rate": measured.rate, "ratio": measured.rate / direct.rate,
                         "p50_us": measured.percentile(0.50) * 1e6, "p99_us": measured.percentile(0.99) * 1e6,
                         "wrong": measured.wrong, "unanswered": measured.unanswered,
                         "answered": measured.answered})
-        reports = {name: server.stop() for name, server in targets.items()}
+        reports = {name: server.stop() for name, server in relays.items()}
     rows = [{"relay": name, "clients": client_count, "runs": runs,
              "rate": spread([run["rate"] for run in runs]),
              "ratio": spread([run["ratio"] for run in runs]),
@@ -789,7 +796,7 @@ def parse_arguments(argv=None):
     parser.add_argument("--profile", action="store_true",
                         help="also profile PassthroughProxy and FramedProxy under load (cProfile, every thread)")
     parser.add_argument("--repetitions", type=int, help="overhead repetitions (default 5, quick 3)")
-    parser.add_argument("--seconds", type=float, help="seconds per overhead measurement (default 1, quick 0.15)")
+    parser.add_argument("--seconds", type=float, help="seconds per overhead measurement (default 1, quick 0.1)")
     return parser.parse_args(argv)
 
 
@@ -797,7 +804,7 @@ def main(argv=None):
     arguments = parse_arguments(argv)
     raise_open_file_limit()
     repetitions = arguments.repetitions or (3 if arguments.quick else 5)
-    seconds = arguments.seconds or (0.15 if arguments.quick else 1.0)
+    seconds = arguments.seconds or (0.1 if arguments.quick else 1.0)
     started = time.perf_counter()
     results = {"cores": os.cpu_count(), "python": platform.python_version(),
                "load_average": os.getloadavg()[0],   # other work on the machine skews every figure

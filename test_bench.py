@@ -112,3 +112,17 @@ def test_targets_compare_rates_from_the_same_repetition():
         ("1000 clients through FramedProxy cap 8, 0 wrong answers", "0 wrong or unanswered", True),
         ("1000 clients through FramedProxy cap 8, peak RSS < 64 MB", "40.0 MB", True),
     ]
+
+
+def test_absent_tools_and_managed_proxy_are_skipped_with_a_one_line_note(monkeypatch):
+    monkeypatch.setattr(bench.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(bench, "managed", None)
+    notes = []
+    with Upstream() as upstream:
+        relays = bench.start_relays(upstream.addr, notes)
+        for relay in relays.values():
+            relay.stop()
+    assert list(relays) == ["PassthroughProxy", "FramedProxy cap 1", "FramedProxy cap 8", "FramedProxy cap 64"]
+    assert notes == ["ManagedProxy: skipped, managed.py does not import",
+                     "socat: skipped, not installed", "haproxy: skipped, not installed"]
+    assert bench.pipelining(repetitions=1) == {"rows": [], "notes": ["pipelining: skipped, managed.py does not import"]}

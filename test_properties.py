@@ -164,7 +164,7 @@ class Coverage:
 def run_property(proxy_name, make_proxy):
     coverage = Coverage()
 
-    @settings(max_examples=examples_for(proxy_name), deadline=None, database=None,
+    @settings(max_examples=examples_for(proxy_name), deadline=None, database=None, print_blob=True,
               suppress_health_check=[HealthCheck.too_slow])
     @given(scenarios())
     def every_client_gets_its_own_replies(scenario):
