@@ -6,6 +6,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import managed
 from managed import (ClusterServiceUnavailable, CommunicationError, ManagedClient, ManagedError, ManagedProxy,
@@ -132,6 +134,32 @@ def test_global_cache_has_no_effect_until_configured_then_changes_in_place_for_e
         managed.set_global_rcache_config(policy="none", clock=RealClock())
         managed.global_rcache().record_success(A)
         client.shut_down()
+
+
+@settings(max_examples=200, deadline=None)
+@given(threshold=st.integers(1, 3),
+       steps=st.lists(st.sampled_from(["error", "success", 0.5, 1.0, 3.0, 70.0]), max_size=40))
+def test_each_window_lasts_min_doubled_per_disable_since_the_last_success_capped_at_max(threshold, steps):
+    clock = VirtualClock()
+    cache = ReliabilityCache(policy="independent", threshold=threshold, clock=clock)
+    errors = disables = opened = 0   # errors and disables since the last success; windows in all
+    window_end = -1.0
+    for step in steps:
+        if step == "error":
+            cache.record_error(A)
+            errors += 1
+            if clock.now() >= window_end and errors >= threshold:
+                disables, opened = disables + 1, opened + 1
+                window_end = clock.now() + min(2.0 ** (disables - 1), 64.0)
+                assert cache.disables[-1][1:3] == (clock.now(), window_end)
+        elif step == "success":
+            cache.record_success(A)
+            errors = disables = 0
+            window_end = -1.0
+        else:
+            clock.advance(step)
+        assert len(cache.disables) == opened
+        assert cache.is_enabled(A) == (clock.now() >= window_end)
 
 
 def test_bad_cache_settings_are_clear_errors():
@@ -354,6 +382,16 @@ def test_pick_order_idle_then_new_then_least_busy_below_max_then_refuse():
         managed_set.pick()
     assert (managed_set.picks, managed_set.refusals) == (4, 1)
     managed_set.shut_down()
+
+
+def test_pick_prefers_an_idle_client_to_a_busy_one_wherever_it_stands():
+    with FaultyUpstream() as upstream:
+        managed_set = ManagedSet([(upstream.addr, 2)])
+        (first, _), (second, _) = managed_set.pick(), managed_set.pick()
+        first.call(b"GET a\n")   # the first is idle again; the second is still reserved
+        assert managed_set.load() == [1] and managed_set.pick()[0] is first
+        assert managed_set.pick()[0] is first   # both busy (1 each): the least busy, first by position
+        managed_set.shut_down()
 
 
 def test_balance_load_orders_services_by_pending_calls_and_failover_by_position():
