@@ -109,8 +109,8 @@ class VirtualClock(Hooks):
 
 
 def as_seconds(value):
-    """A time as the demo prints it: 1.0s, 0.5s."""
-    return f"{value:.1f}s"
+    """A configured time as messages show it: 1.0s, 0.05s."""
+    return f"{float(value)}s"
 
 
 # --- the failures a caller sees ----------------------------------------------

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import managed
 from managed import (ClusterServiceUnavailable, CommunicationError, ManagedClient, ManagedError, ManagedProxy,
-                     ManagedSet, MessageLost, RealClock, ReliabilityCache, ServiceUnavailable,
+                     ManagedSet, MessageLost, MessageTimeout, RealClock, ReliabilityCache, ServiceUnavailable,
                      VirtualClock)
 from managed_demo import Background, FaultyUpstream, ask
 
@@ -312,6 +312,21 @@ def test_idle_timeout_zero_closes_right_after_the_last_reply_and_negative_never_
         assert patient.connects == 1 and patient.state == "up"
         eager.shut_down()
         patient.shut_down()
+
+
+def test_on_the_real_clock_a_message_timeout_and_an_idle_timeout_fire_by_themselves():
+    with FaultyUpstream(silent=True) as silent, FaultyUpstream() as answering:
+        waiting = ManagedClient(silent.addr, msg_timeout=0.05)
+        started = time.monotonic()
+        with pytest.raises(MessageTimeout):
+            waiting.call(b"GET a\n")
+        assert 0.05 <= time.monotonic() - started < 5
+        idle = ManagedClient(answering.addr, idle_timeout=0.05)
+        idle.call(b"GET a\n")
+        idle.wait_transitions(3)
+        assert idle.transitions[2] == ("up", "down", "idle for 0.05s")
+        waiting.shut_down()
+        idle.shut_down()
 
 
 def test_a_disabled_port_fails_at_once_with_service_unavailable_even_when_up():
