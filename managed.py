@@ -99,6 +99,9 @@ class VirtualClock(Hooks):
             self._watched.discard(condition)
 
     def advance(self, seconds):
+        """Move time forward; wake every sleeper and every watched condition."""
+        if seconds < 0:
+            raise ValueError(f"time only moves forward, not by {seconds}")
         with self._tick:
             self._now += seconds
             self._tick.notify_all()

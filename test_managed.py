@@ -36,6 +36,8 @@ def test_virtual_clock_stands_still_until_advanced_then_wakes_its_sleeper():
     assert clock.now() == 4.5 and sleeper._thread.is_alive()
     clock.advance(0.5)
     assert sleeper.result() == "woke" and clock.now() == 5.0
+    with pytest.raises(ValueError, match="forward"):
+        clock.advance(-1.0)
 
 
 # --- the reliability cache -------------------------------------------------------
