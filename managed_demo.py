@@ -301,12 +301,12 @@ def idle_timeout():
 
 
 SCENARIOS = [
-    ("dirty", "the dirty return: a timed-out call's late reply", dirty_return),
-    ("restart", "upstream restart: idle EOF, a lost call, idempotent retry", restart),
-    ("ping", "initial ping: nothing user-visible reaches a dead upstream", initial_ping),
-    ("failover", "failover with a reliability cache, on the virtual clock", failover),
-    ("balance", "balance_load against failover: one burst of calls", balance_load),
-    ("pressure", "back-pressure: pending_calls_max, then an ERR line at once", back_pressure),
-    ("pipeline", "pipelining: 24 requests over one connection, 8 in flight", pipelining),
-    ("idle", "idle timeout on the virtual clock", idle_timeout),
+    ("dirty", "The dirty return: a timed-out call's late reply", dirty_return),
+    ("restart", "Upstream restart: idle EOF, a lost call, idempotent retry", restart),
+    ("ping", "Initial ping: nothing user-visible reaches a dead upstream", initial_ping),
+    ("failover", "Failover with a reliability cache, on the virtual clock", failover),
+    ("balance", "Balance_load against failover: one burst of calls", balance_load),
+    ("pressure", "Back-pressure: pending_calls_max, then an ERR line at once", back_pressure),
+    ("pipeline", "Pipelining: 24 requests over one connection, 8 in flight", pipelining),
+    ("idle", "Idle timeout on the virtual clock", idle_timeout),
 ]
