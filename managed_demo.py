@@ -305,7 +305,7 @@ SCENARIOS = [
     ("restart", "Upstream restart: idle EOF, a lost call, idempotent retry", restart),
     ("ping", "Initial ping: nothing user-visible reaches a dead upstream", initial_ping),
     ("failover", "Failover with a reliability cache, on the virtual clock", failover),
-    ("balance", "Balance_load against failover: one burst of calls", balance_load),
+    ("balance", "Load balancing against failover: one burst of calls", balance_load),
     ("pressure", "Back-pressure: pending_calls_max, then an ERR line at once", back_pressure),
     ("pipeline", "Pipelining: 24 requests over one connection, 8 in flight", pipelining),
     ("idle", "Idle timeout on the virtual clock", idle_timeout),
