@@ -170,17 +170,22 @@ def build_server(kind, upstream_addr, options):
 
 
 class PeakThreads:
-    """Samples threading.active_count() every millisecond until stopped."""
+    """The most threads alive at once, the sampler not counted: sampled every
+    millisecond until stopped, and whenever sample() is called (a peak shorter
+    than a millisecond is seen only then)."""
 
     def __init__(self):
         self.peak = threading.active_count()
         self._stop = threading.Event()
-        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler = threading.Thread(target=self._sample_until_stopped, daemon=True)
         self._sampler.start()
 
-    def _sample(self):
+    def sample(self):
+        self.peak = max(self.peak, threading.active_count() - 1)
+
+    def _sample_until_stopped(self):
         while not self._stop.wait(0.001):
-            self.peak = max(self.peak, threading.active_count() - 1)   # not the sampler itself
+            self.sample()
 
     def stop(self):
         self._stop.set()
@@ -201,6 +206,7 @@ def serve_in_child(kind, upstream_addr, options, pipe):
             _, counter, level, timeout = message
             try:
                 getattr(server, f"wait_{counter}")(level, timeout=timeout)
+                threads.sample()   # the moment the parent waited for may be a brief peak
                 pipe.send(None)
             except TimeoutError as error:
                 pipe.send(str(error))

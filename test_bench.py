@@ -49,7 +49,7 @@ def test_exchange_rounds_counts_a_closed_connection_as_unanswered():
 
 
 def test_distant_upstream_overlaps_the_delays_of_pipelined_requests():
-    delay = 0.05
+    delay = 0.1
     with bench.DistantUpstream(delay) as upstream, \
             socket.create_connection(upstream.addr, timeout=5) as sock:
         started = time.perf_counter()
@@ -71,8 +71,12 @@ def test_nagle_passthrough_proxy_turns_nodelay_off_on_what_it_tracks():
 
 def test_service_process_serves_waits_on_hooks_and_reports_its_threads_and_memory():
     with bench.ServiceProcess("upstream") as upstream:
-        measured = rounds_against(upstream, 2, requests_each=5)
-        upstream.wait_for("replies", 10)
+        clients = bench.connect_clients(upstream.addr, 2)
+        try:
+            measured = bench.exchange_rounds(clients, requests_each=5)
+            upstream.wait_for("replies", 10)   # both connections still open: their threads alive
+        finally:
+            bench.close_clients(clients)
         with pytest.raises(TimeoutError, match="replies to reach 11"):
             upstream.wait_for("replies", 11, timeout=0.1)
     assert (measured.answered, measured.wrong) == (10, 0)
