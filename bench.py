@@ -785,7 +785,7 @@ def render(results, arguments):
           f"{row['accepted_ms']:.0f}",
           f"{row['burst_ms']:.0f}", f"{row['p50_ms']:.1f}", f"{row['p99_ms']:.1f}",
           row["peak_threads"], f"{row['peak_rss_mb']:.1f}"] for row in section["rows"]]))
-    out.append(table("5. The targets of issue 5", ["target", "measured", "reached"],
+    out.append(table("5. The targets set for the bench", ["target", "measured", "reached"],
                      [[name, figure, "yes" if reached else "NO"] for name, figure, reached in targets(results)]))
     for label, report in (results.get("profile") or {}).items():
         out.append(f"Profile of {label}: {report['requests']} requests from {report['clients']} clients, "
