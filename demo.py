@@ -37,23 +37,33 @@ class Client:
     """One demo client: a named socket that remembers what it sent."""
 
     def __init__(self, name, addr, timeout=READ_TIMEOUT):
-        self.name, self.sent = name, []
+        self.name, self.sent, self.unread = name, [], b""
         self.sock = socket.create_connection(addr)
         self.sock.settimeout(timeout)
-        self.reader = self.sock.makefile("rb")
 
     def send(self, data):
         self.sent.append(data)
         self.sock.sendall(data)
 
     def read_line(self):
-        return self.reader.readline()
+        """The next line, b"\\n" included (at EOF, what is left). A read that times out
+        raises and loses nothing: the line can still be read later."""
+        while b"\n" not in self.unread:
+            data = self.sock.recv(4096)
+            if not data:
+                line, self.unread = self.unread, b""
+                return line
+            self.unread += data
+        line, self.unread = self.unread.split(b"\n", 1)
+        return line + b"\n"
 
     def read_to_eof(self):
-        return self.reader.read()
+        received, self.unread = self.unread, b""
+        while data := self.sock.recv(4096):
+            received += data
+        return received
 
     def close(self):
-        self.reader.close()
         self.sock.close()
 
 
