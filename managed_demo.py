@@ -72,7 +72,7 @@ class FaultyUpstream(Upstream):
                 raise RuntimeError("restart() follows close()")
             self._listener = socket.create_server(self.addr, backlog=1024)
             self._sockets, self.closed = set(), False
-        self.spawn(self._accept_loop)
+        self._acceptor = self.spawn(self._accept_loop)
 
 
 # --- the demo's helpers ---------------------------------------------------------

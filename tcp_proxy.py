@@ -56,10 +56,9 @@ class LineTooLong(ValueError):
 
 def recv(sock):
     """One recv(); a reset or a socket shut down by close() reads as EOF (b"")."""
-    try:
+    with contextlib.suppress(OSError):
         return sock.recv(CHUNK)
-    except OSError:
-        return b""
+    return b""
 
 
 def read_lines(sock, on_bytes=lambda n: None):
@@ -94,12 +93,6 @@ def shutdown(sock, how=socket.SHUT_RDWR):
     """shutdown() that tolerates a peer or a thread that got there first."""
     with contextlib.suppress(OSError):
         sock.shutdown(how)
-
-
-def send_quietly(sock, data):
-    """sendall() to a peer that may have gone: then there is no one to tell."""
-    with contextlib.suppress(OSError):
-        sock.sendall(data)
 
 
 # --- scaffolding: hooks and the server lifecycle ----------------------------
@@ -144,8 +137,8 @@ class Hooks:
         raise AttributeError(attribute)
 
     def __repr__(self):
-        shown = ", ".join(f"{name}={self.level(name)}" for name in self.counters)
-        return f"<{type(self).__name__} {shown}>"
+        return f"<{type(self).__name__} " + ", ".join(
+            f"{name}={self.level(name)}" for name in self.counters) + ">"
 
 
 class Server(Hooks):
@@ -160,14 +153,13 @@ class Server(Hooks):
 
     def __init__(self):
         super().__init__()
-        self._lock = threading.Condition()   # guards the three fields below and any state
-        # a subclass shares between threads; close() notifies it, so waiters see `closed`
-        self._threads = []
-        self._sockets = set()
-        self.closed = False
+        # _lock guards the threads and sockets to join and close, `closed`, and any state a
+        # subclass shares between threads; close() notifies it, so waiters see `closed`
+        self._lock = threading.Condition()
+        self._threads, self._sockets, self.closed = [], set(), False
         self._listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
         self.addr = self._listener.getsockname()
-        self.spawn(self._accept_loop)
+        self._acceptor = self.spawn(self._accept_loop)
 
     def handle(self, conn):
         """Serve one accepted connection until it ends; each subclass says how."""
@@ -186,7 +178,8 @@ class Server(Hooks):
         try:
             self.handle(conn)
         except LineTooLong as error:
-            send_quietly(conn, b"ERR %s\n" % str(error).encode())
+            with contextlib.suppress(OSError):   # a peer that has gone needs no answer
+                conn.sendall(b"ERR %s\n" % str(error).encode())
         except OSError:
             pass   # the peer vanished mid-conversation; nothing is owed to it
         finally:
@@ -229,7 +222,12 @@ class Server(Hooks):
             for sock in self._sockets:
                 shutdown(sock)
             self._lock.notify_all()
-        socket.create_connection(self.addr).close()   # unblocks accept()
+        with self._changed:   # hook waiters too (Upstream's gate) must see `closed`
+            self._changed.notify_all()
+        while self._acceptor.is_alive():   # a connection unblocks accept(); a storm of
+            with contextlib.suppress(OSError):   # connects may drop it, so try again
+                socket.create_connection(self.addr, timeout=0.5).close()
+            self._acceptor.join(0.5)
         while alive := [t for t in self._threads if t.is_alive()]:
             alive[0].join()   # joined threads may have spawned others: look again
         self._listener.close()
@@ -262,7 +260,7 @@ class Upstream(Server):
 
     def __init__(self, gate=0, split_at=None, pause=None):
         super().__init__()
-        self.gate, self.split_at, self.pause = gate, split_at, pause
+        self.gate, self.split_at, self.pause = gate, split_at, pause or (lambda number: None)
         self._reply_numbers = itertools.count(1)   # numbers replies for pause()
 
     def handle(self, conn):
@@ -284,13 +282,11 @@ class Upstream(Server):
                 self.reply(conn, data)
 
     def reply(self, conn, data):
-        if self.gate:
-            self.wait_requests(self.gate)
+        if self.gate:   # scaffolding: held until `gate` requests are in, or until close()
+            self.wait_until(lambda: len(self.requests) >= self.gate or self.closed, "the gate")
         number, cut = next(self._reply_numbers), self.split_at or 0
-        if cut:
-            conn.sendall(data[:cut])
-        if self.pause:
-            self.pause(number)
+        conn.sendall(data[:cut])   # nothing at all unless split_at is set
+        self.pause(number)
         conn.sendall(data[cut:])
         self.count("replies")
 
@@ -323,11 +319,13 @@ class NaiveProxy(Relay):
     def __init__(self, upstream_addr, routing="last"):
         if routing not in ("last", "broadcast"):
             raise ValueError(f"routing is 'last' or 'broadcast', not {routing!r}")
+        upstream = socket.create_connection(upstream_addr)   # first: a failure leaves nothing open
         super().__init__()
         self.routing = routing
         self.clients = []   # connected clients, in arrival order
         self.last = None    # the client whose bytes went up most recently
-        self.upstream = self.connect(upstream_addr)
+        self.upstream = self.track(upstream)
+        self.count("opened")
         self.spawn(self._downstream)
 
     def handle(self, client):
@@ -344,6 +342,7 @@ class NaiveProxy(Relay):
 
     def _downstream(self):
         self.pump(self.upstream, self.route, "routed")
+        shutdown(self.upstream)   # a client that writes from now on fails, and is closed
         with self._lock:   # the upstream is gone: tell every client
             for client in self.clients:
                 shutdown(client, socket.SHUT_WR)
@@ -352,7 +351,8 @@ class NaiveProxy(Relay):
         with self._lock:
             targets = list(self.clients) if self.routing == "broadcast" else [self.last]
         for client in filter(None, targets):
-            send_quietly(client, data)
+            with contextlib.suppress(OSError):   # a client that has gone; the rest get theirs
+                client.sendall(data)
 
 
 # --- the pool that parses ----------------------------------------------------

@@ -333,7 +333,7 @@ def figures():
         f"lifecycle takes {code_lines_of(Server)} and the hooks {code_lines_of(Hooks)}",
         f"so {code_lines_of(Server) + code_lines_of(Hooks)} lines are scaffolding",
         f"takes {code_lines_of(FramedProxy)}",
-        f"{ceiling - lines} lines of headroom",
+        f"{ceiling - lines} line{'' if ceiling - lines == 1 else 's'} of headroom",
     ]
     conditions = {
         "port 0": '("127.0.0.1", 0)' in source_of(Server.__init__),

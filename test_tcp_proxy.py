@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -221,6 +222,26 @@ def test_unreachable_upstream_gives_an_err_line_and_frees_the_pool_slot():
         assert proxy.open == 0
 
 
+def test_naive_relay_whose_upstream_died_closes_a_client_that_arrives_later():
+    with Upstream() as upstream, NaiveProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+        early = connect(stack, proxy.addr)
+        proxy.wait_connections(1)
+        upstream.close()
+        assert early.read_to_eof() == b""   # told at once that the upstream has gone
+        late = connect(stack, proxy.addr)
+        late.send(b"GET alpha\n")
+        assert late.read_to_eof() == b""    # an EOF, not a read that waits forever
+
+
+def test_naive_relay_that_cannot_reach_its_upstream_leaves_no_thread_or_listener():
+    with Upstream() as gone:
+        address = gone.addr
+    before = set(threading.enumerate())
+    with pytest.raises(ConnectionRefusedError):
+        NaiveProxy(address)
+    assert set(threading.enumerate()) == before
+
+
 # --- scaffolding: hooks and lifecycle ------------------------------------------------
 
 def test_a_hook_that_times_out_raises_naming_the_counter_the_target_and_every_counter():
@@ -255,8 +276,20 @@ def test_close_joins_every_thread_and_closes_every_socket():
     assert all(s.fileno() == -1 for server in proxies + [upstream] for s in server._sockets)
 
 
-def test_module_stays_under_its_line_ceiling_at_297_lines_of_code():
-    assert code_lines(HERE / "tcp_proxy.py") == 297 <= 300
+def test_close_does_not_wait_out_a_gate_that_was_never_reached():
+    upstream = Upstream(gate=2)
+    with contextlib.ExitStack() as stack:
+        client = connect(stack, upstream.addr)
+        client.send(b"GET alpha\n")
+        upstream.wait_requests(1)
+        started = time.monotonic()
+        upstream.close()   # the writer holds alpha's reply at the gate
+        assert time.monotonic() - started < upstream.hook_timeout / 2
+        assert client.read_to_eof() == b""
+
+
+def test_module_stays_under_its_line_ceiling_at_299_lines_of_code():
+    assert code_lines(HERE / "tcp_proxy.py") == 299 <= 300
 
 
 # --- the demo ----------------------------------------------------------------------
