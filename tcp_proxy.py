@@ -215,6 +215,8 @@ class Server(Hooks):
         return sock
 
     def close(self):
+        """Stop accepting, end every conversation, join every thread, close every socket.
+        Calling it again does nothing."""
         with self._lock:
             if self.closed:
                 return
