@@ -21,7 +21,7 @@ Map of the module, in reading order:
                        of clients each doing request -> reply round trips, every
                        reply checked against answer()
     sections           overhead, nagle, head_of_line, pipelining, scale, profile
-    targets()          the issue's targets, each with the figure measured
+    targets()          the targets set for the bench, each with the figure measured
     table(), main()    the text tables, the header, --json
 
 Every loop is bounded in count and in time; every socket is on 127.0.0.1 with
@@ -678,7 +678,7 @@ def profile(seconds):
     return reports
 
 
-# --- the targets of issue 5 ----------------------------------------------------------
+# --- the targets set for the bench ----------------------------------------------------
 
 def targets(results):
     """Each target with the figure measured and whether it was reached."""
