@@ -432,7 +432,7 @@ class ManagedClient(Hooks):
                 else:
                     self._await_connecting(connection, call)
                     continue
-            self._open(connection)
+            self._open(connection, call)
             if connection.failure:   # this caller's own connect failed: its error, not the cache's
                 raise fresh(connection.failure)
 
@@ -451,8 +451,12 @@ class ManagedClient(Hooks):
         if connection.failure:
             raise fresh(connection.failure)
 
-    def _open(self, connection):
-        """Connect a Connection in state connecting; ping it, or declare the client up."""
+    def _open(self, connection, call):
+        """Connect a Connection in state connecting; ping it, or declare the client up.
+
+        The ping shares the deadline of the call that opened the connection, so it
+        times out no later than any waiting call gives up, and its failure (counted
+        once, the client down) is what every waiting call sees."""
         try:
             sock = socket.create_connection(self.addr)
         except OSError as error:
@@ -474,9 +478,8 @@ class ManagedClient(Hooks):
                 connection.idle_since = self.clock.now()
                 self._move("up", "connected")
                 return
-        deadline = None if self.msg_timeout < 0 else self.clock.now() + self.msg_timeout
         with contextlib.suppress(ManagedError):   # a failed ping fails the waiting calls instead
-            self._send(connection, Call(deadline, is_ping=True), b"PING\n")
+            self._send(connection, Call(call.deadline, is_ping=True), b"PING\n")
 
     def _spawn(self, target, *args):
         thread = threading.Thread(target=target, args=args, daemon=True)

@@ -277,6 +277,19 @@ def test_a_failed_initial_ping_fails_every_waiting_call_and_sends_no_user_reques
         client.shut_down()
 
 
+def test_on_the_real_clock_an_unanswered_initial_ping_times_out_before_its_caller_gives_up():
+    with FaultyUpstream(silent=True) as upstream:
+        cache = ReliabilityCache()
+        client = ManagedClient(upstream.addr, rcache=cache, initial_ping=True, msg_timeout=0.05)
+        with pytest.raises(MessageTimeout, match="initial ping not answered within 0.05s"):
+            client.call(b"GET a\n")
+        assert (client.state, client.errors, cache.errors) == ("down", 1, 1)
+        assert client.transitions[-1] == ("connecting", "down", "initial ping not answered in time")
+        upstream.wait_requests(1)
+        assert upstream.requests == ["PING"]
+        client.shut_down()
+
+
 def test_an_initial_ping_on_a_dying_connection_raises_message_lost():
     with FaultyUpstream() as upstream:
         upstream.fail_next(1)
