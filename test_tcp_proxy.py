@@ -225,7 +225,7 @@ def test_unreachable_upstream_gives_an_err_line_and_frees_the_pool_slot():
 def test_naive_relay_whose_upstream_died_closes_a_client_that_arrives_later():
     with Upstream() as upstream, NaiveProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
         early = connect(stack, proxy.addr)
-        proxy.wait_connections(1)
+        assert demo.ask_in_turn(early, ["alpha"]) == 1   # registered, and answered
         upstream.close()
         assert early.read_to_eof() == b""   # told at once that the upstream has gone
         late = connect(stack, proxy.addr)
