@@ -175,47 +175,62 @@ class ReliabilityCache(Hooks):
     window is open do not extend it. A derived cache has its own settings (those
     not given are read live from its parent), forwards every error and success to
     its parent, and enables a port only if its parent does too.
+
+    A setting given as None is inherited: read live from the parent, or for a cache
+    without one the default (a RealClock for the clock). derive() passes None for
+    every setting it is not given; a cache built with parent= directly owns the
+    defaults of the settings it is not given, except availability and clock.
     """
     counters = {"errors": 0, "successes": 0, "disables": []}
     # errors     record_error() calls; successes  record_success() calls
     # disables   (key, start, end, reason) per window opened; key is an (ip, port) or an ip
 
-    def __init__(self, *, parent=None, on_event=None, **config):
+    def __init__(self, policy="none", threshold=1, disable_timeout_min=1.0, disable_timeout_max=64.0,
+                 availability=None, clock=None, *, parent=None, on_event=None):
         super().__init__()
-        unknown = set(config) - set(DEFAULTS)
-        if unknown:
-            raise TypeError(f"unknown settings: {sorted(unknown)}")
         self.parent, self.on_event = parent, on_event
-        self._config = config if parent else {**DEFAULTS, **config}
-        self.configure()
+        self._config = {} if parent else dict(DEFAULTS)   # a derived cache holds only what it overrides
+        self.configure(policy=policy, threshold=threshold, disable_timeout_min=disable_timeout_min,
+                       disable_timeout_max=disable_timeout_max, availability=availability, clock=clock)
         self._lock = threading.Lock()   # guards _entries
         self._entries = {}              # (ip, port) or ip -> Entry
 
     def configure(self, **config):
-        """Change settings in place, for every user of this cache, at any time."""
-        before = dict(self._config)
-        self._config.update(config)
-        try:
-            check_policy(self.setting("policy"))
-            if self.setting("threshold") < 1 or not 0 < self.setting("disable_timeout_min") <= self.setting(
-                    "disable_timeout_max"):
-                raise ValueError("threshold >= 1 and 0 < disable_timeout_min <= disable_timeout_max")
-        except ValueError:
-            self._config = before   # a rejected change changes nothing
-            raise
-        if self.setting("clock") is None and not self.parent:
-            self._config["clock"] = RealClock()
+        """Change settings in place, for every user of this cache, at any time; None
+        means inherited. A rejected change (TypeError for an unknown setting,
+        ValueError for a bad value) changes nothing."""
+        unknown = set(config) - set(DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown settings: {sorted(unknown)}")
+        changed = dict(self._config)   # checked whole before it replaces the live one
+        for name, value in config.items():
+            if value is not None:
+                changed[name] = value
+            elif self.parent:
+                changed.pop(name, None)   # read live from the parent again
+            else:
+                changed[name] = DEFAULTS[name]
+        if not self.parent and changed["clock"] is None:
+            changed["clock"] = RealClock()
+        check_policy(self.setting("policy", changed))
+        if self.setting("threshold", changed) < 1 or not 0 < self.setting(
+                "disable_timeout_min", changed) <= self.setting("disable_timeout_max", changed):
+            raise ValueError("threshold >= 1 and 0 < disable_timeout_min <= disable_timeout_max")
+        self._config = changed   # one assignment: no reader sees a rejected or half-made config
 
-    def setting(self, name):
-        return self._config[name] if name in self._config else self.parent.setting(name)
+    def setting(self, name, config=None):
+        """A setting's value: this cache's own (or `config`'s), else the parent's."""
+        config = self._config if config is None else config
+        return config[name] if name in config else self.parent.setting(name)
 
     @property
     def clock(self):
         return self.setting("clock")
 
     def derive(self, **config):
-        """A cache whose errors also count here, with its own settings."""
-        return ReliabilityCache(parent=self, on_event=self.on_event, **config)
+        """A cache whose errors also count here, with its own settings; those not
+        given (or given as None), the clock included, are read live from this one."""
+        return ReliabilityCache(**{**dict.fromkeys(DEFAULTS), **config}, parent=self, on_event=self.on_event)
 
     def _host_keys(self, addr):
         policy = self.setting("policy")
@@ -244,11 +259,12 @@ class ReliabilityCache(Hooks):
             return None   # already disabled: an error now does not extend the window
         if entry.errors < self.setting("threshold"):
             return None
-        entry.disabled_until = now + entry.window
+        window = min(entry.window, self.setting("disable_timeout_max"))   # a max lowered since still caps it
+        entry.disabled_until = now + window
         reason = f"{entry.errors} error(s) in a row, threshold {self.setting('threshold')}"
         if isinstance(key, str):
             reason = "host disabled: " + reason
-        entry.window = min(entry.window * 2, self.setting("disable_timeout_max"))
+        entry.window = min(window * 2, self.setting("disable_timeout_max"))
         return key, now, entry.disabled_until, reason
 
     def record_success(self, addr):
@@ -282,7 +298,8 @@ def global_rcache():
 
 
 def set_global_rcache_config(**config):
-    """Reconfigure the global cache in place; every user sees the change at once."""
+    """Reconfigure the global cache in place; every user sees the change at once.
+    An unknown setting is a TypeError and a bad value a ValueError; either changes nothing."""
     _GLOBAL_RCACHE.configure(**config)
 
 

@@ -1,4 +1,5 @@
 """The managed layer's claims, each pinned with exact figures (see managed.py's map)."""
+import inspect
 import os
 import socket
 import subprocess
@@ -169,8 +170,66 @@ def test_bad_cache_settings_are_clear_errors():
         ReliabilityCache(policy="sometimes")
     with pytest.raises(ValueError, match="threshold"):
         ReliabilityCache(threshold=0)
-    with pytest.raises(TypeError, match="unknown"):
+    with pytest.raises(TypeError, match="treshold"):
         ReliabilityCache(treshold=2)
+
+
+def test_an_unknown_setting_is_a_type_error_everywhere_and_changes_nothing():
+    cache = ReliabilityCache(policy="independent", threshold=2)
+    for change in (cache.configure, cache.derive, managed.set_global_rcache_config):
+        with pytest.raises(TypeError, match="treshold"):
+            change(policy="any_failing_port_disables_host", treshold=5)
+    assert cache.setting("policy") == "independent" and managed.global_rcache().setting("policy") == "none"
+
+
+def test_a_rejected_change_is_never_visible_even_while_it_is_checked():
+    cache = ReliabilityCache()
+    seen = []
+
+    class Spy:   # a threshold that, when the check compares it, records the policy in force and fails
+        def __lt__(self, other):
+            seen.append(cache.setting("policy"))
+            return True
+
+    with pytest.raises(ValueError, match="threshold"):
+        cache.configure(policy="independent", threshold=Spy())
+    assert seen == ["none"] and cache.setting("policy") == "none"
+
+
+def test_a_lowered_disable_timeout_max_caps_a_window_that_has_already_grown():
+    clock = VirtualClock()
+    cache = ReliabilityCache(policy="independent", clock=clock)
+    for _ in range(4):   # windows of 1, 2, 4 and 8 s: the next would last 16
+        cache.record_error(A)
+        clock.advance(cache.disables[-1][2] - clock.now())
+    cache.configure(disable_timeout_max=2.0)
+    cache.record_error(A)   # the fifth window: 2 s, not 16
+    clock.advance(2.0)
+    cache.record_error(A)   # and the sixth stays at the new max
+    assert [end - start for _, start, end, _ in cache.disables] == [1, 2, 4, 8, 2, 2]
+
+
+def test_a_setting_derived_as_none_is_inherited_the_clock_included():
+    clock = VirtualClock()
+    parent = ReliabilityCache(policy="independent", threshold=2, clock=clock)
+    child = parent.derive(clock=None, threshold=None, disable_timeout_min=3.0)
+    assert child.clock is clock and child.setting("threshold") == 2 and child.setting("policy") == "independent"
+    child.record_error(A)
+    child.record_error(A)
+    assert not child.is_enabled(A) and child.disables[-1][1:3] == (0.0, 3.0)
+    child.configure(disable_timeout_min=None)   # inherited again
+    assert child.setting("disable_timeout_min") == 1.0
+
+
+def test_the_cache_spells_out_the_contracts_signature():
+    parameters = inspect.signature(ReliabilityCache).parameters
+    assert {name: parameter.default for name, parameter in parameters.items()} == {
+        "policy": "none", "threshold": 1, "disable_timeout_min": 1.0, "disable_timeout_max": 64.0,
+        "availability": None, "clock": None, "parent": None, "on_event": None}
+    assert [name for name, parameter in parameters.items() if parameter.kind is parameter.KEYWORD_ONLY] == [
+        "parent", "on_event"]
+    assert ReliabilityCache("independent", 2).setting("threshold") == 2
+    assert ReliabilityCache("independent").setting("policy") == "independent"
 
 
 # --- the managed client ------------------------------------------------------------
