@@ -607,10 +607,11 @@ class ManagedClient(Hooks):
         if failure:
             connection.failure = failure
             self.rcache.record_error(self.addr)
-            for call in connection.owed:
+        for call in connection.owed:
+            if failure:
                 call.error = failure
-                if call.abandoned:   # nobody waits for it: it stops counting as pending
-                    self._calls.discard(call)
+            if call.abandoned:   # its reply will never come and nobody waits: no longer pending
+                self._calls.discard(call)
         if connection.sock:
             shutdown(connection.sock)   # wakes the reader thread, which closes the socket
         if self.connection is connection:

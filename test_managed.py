@@ -459,6 +459,18 @@ def test_shut_down_fails_a_pending_call_and_joins_every_thread():
         assert client.transitions[-1] == ("up", "down", "shut down") and client.errors == 0
 
 
+def test_shut_down_stops_counting_an_abandoned_call_as_pending():
+    clock = VirtualClock()
+    with FaultyUpstream(hold={1}) as upstream:
+        client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock)
+        late = Background(client.call, b"GET a\n")
+        upstream.wait_held(1)
+        clock.advance(1.0)
+        assert late.result() == "MessageTimeout: no reply within 1.0s" and client.pending_calls == 1
+        client.shut_down()
+        assert client.pending_calls == 0 and client.state == "down"
+
+
 # --- the managed set -----------------------------------------------------------------
 
 def test_pick_order_idle_then_new_then_least_busy_below_max_then_refuse():
@@ -486,8 +498,8 @@ def test_pick_prefers_an_idle_client_to_a_busy_one_wherever_it_stands():
 def test_balance_load_orders_services_by_pending_calls_and_failover_by_position():
     balanced = ManagedSet([(A, 1), (B, 1), (OTHER_HOST, 1)])
     assert [balanced.pick()[1] for _ in range(5)] == [0, 1, 2, 0, 1]
-    ordered = ManagedSet([(A, 1), (B, 1)], policy="failover", pending_calls_max=1)
-    assert [ordered.pick()[1] for _ in range(2)] == [0, 1]
+    ordered = ManagedSet([(A, 1), (B, 1)], policy="failover", pending_calls_max=2)
+    assert [ordered.pick()[1] for _ in range(4)] == [0, 0, 1, 1]   # by load it would be [0, 1, 0, 1]
     balanced.shut_down()
     ordered.shut_down()
 
@@ -611,6 +623,45 @@ def test_a_waiting_eof_is_seen_before_sending_without_consuming_a_byte():
         assert near.recv(1) == b"x"
         far.close()
         assert managed.peer_has_closed(near)
+
+
+def test_a_call_that_finds_an_eof_before_sending_reconnects_without_an_error():
+    with FaultyUpstream() as upstream:
+        cache = ReliabilityCache()
+        client = ManagedClient(upstream.addr, rcache=cache)
+        client.call(b"GET a\n")
+        # Holding the send lock keeps the reader thread, which takes it on EOF, from
+        # noticing the EOF first: only the call's own check before sending can see it.
+        with client._send_lock:
+            old_sock = client.connection.sock
+            upstream.close()
+            give_up = time.monotonic() + 5
+            while not managed.peer_has_closed(old_sock) and time.monotonic() < give_up:
+                time.sleep(0.001)
+            upstream.restart()
+            call = Background(client.call, b"GET b\n")
+            client.wait_connects(2)   # the check found the EOF and reconnected
+        assert call.result() == "b=BBBBBBBBBBBB"
+        assert client.transitions[2] == ("up", "down", "upstream closed the idle connection")
+        assert (client.errors, cache.errors, client.connects) == (0, 0, 2)
+        assert upstream.requests == ["GET a", "GET b"]
+        client.shut_down()
+
+
+def test_an_answered_initial_ping_is_a_success_that_resets_the_cache_entry():
+    clock = VirtualClock()
+    cache = ReliabilityCache(policy="independent", threshold=2, clock=clock)
+    with FaultyUpstream(hold={2}) as upstream:   # the ping's reply passes, the request's is held
+        client = ManagedClient(upstream.addr, rcache=cache, initial_ping=True, clock=clock)
+        cache.record_error(upstream.addr)   # one error in a row: one short of the threshold
+        call = Background(client.call, b"GET a\n")
+        upstream.wait_held(1)
+        assert client.state == "up" and (cache.successes, client.replies) == (1, 0)
+        cache.record_error(upstream.addr)   # one in a row again, not two: still enabled
+        assert cache.is_enabled(upstream.addr) and cache.disables == []
+        upstream.release()
+        assert call.result() == "a=AAAAAAAAAAAA"
+        client.shut_down()
 
 
 def test_a_rejected_setting_changes_nothing():
