@@ -9,7 +9,10 @@ Map of the module, in reading order:
 
     RealClock, VirtualClock   every timer reads one of these; the virtual one moves
                               only when advance() is called, so timed behaviour is
-                              demonstrated and tested without sleeping
+                              demonstrated and tested without sleeping. A clock of
+                              your own needs all five methods the code calls:
+                              now(), sleep(seconds), wait(condition, deadline),
+                              watch(condition) and unwatch(condition)
     ManagedError and its five subclasses, the failures a caller can see
     ReliabilityCache          counts errors per port (and per host); disables a port
                               for 1, 2, 4 ... 64 s; global_rcache() is the shared one
@@ -45,7 +48,16 @@ from tcp_proxy import FramedProxy, Hooks, LineTooLong, Server, read_lines, shutd
 # --- time --------------------------------------------------------------------
 
 class RealClock:
-    """Monotonic time; waits are real."""
+    """Monotonic time; waits are real.
+
+    The interface every clock offers, and all of it is used:
+      now()                        the time, in seconds
+      sleep(seconds)               block until now() has moved on by seconds
+      wait(condition, deadline)    with `condition` held: block until it is notified
+                                   or now() reaches deadline (None: no limit)
+      watch(condition)             from now on, notify `condition` whenever time jumps
+      unwatch(condition)           stop doing so (a client or set that shuts down)
+    """
 
     def now(self):
         return time.monotonic()
@@ -65,7 +77,8 @@ class RealClock:
 
 class VirtualClock(Hooks):
     """Time that stands still until advance(); then every sleeper and every watched
-    condition is woken to look at the new time."""
+    condition is woken to look at the new time. The same five methods as RealClock
+    (now, sleep, wait, watch, unwatch), and advance(seconds)."""
     counters = {"sleepers": 0}
     # sleepers  sleep() calls entered; bumped before the sleeper blocks
 

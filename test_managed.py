@@ -1,6 +1,7 @@
 """The managed layer's claims, each pinned with exact figures (see managed.py's map)."""
 import inspect
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -39,6 +40,15 @@ def test_virtual_clock_stands_still_until_advanced_then_wakes_its_sleeper():
     assert sleeper.result() == "woke" and clock.now() == 5.0
     with pytest.raises(ValueError, match="forward"):
         clock.advance(-1.0)
+
+
+def test_every_clock_method_the_code_calls_is_documented_and_offered_by_both_clocks():
+    with open(os.path.join(HERE, "managed.py"), encoding="utf-8") as source:
+        called = set(re.findall(r"clock\.(\w+)\(", source.read()))
+    assert {"now", "wait", "watch", "unwatch"} <= called
+    for method in called | {"sleep"}:
+        assert f"{method}(" in managed.__doc__ and f"{method}(" in RealClock.__doc__, method
+        assert callable(getattr(RealClock(), method)) and callable(getattr(VirtualClock(), method))
 
 
 # --- the reliability cache -------------------------------------------------------
