@@ -15,7 +15,7 @@ The rules the tests enforce, written for the merged file as much as for Part one
   checked on its own, and the runs must appear in the module in that order.
 - Every fenced block says what it holds (an info string); a block that is
   neither `transcript` nor `python` is not checked against anything.
-- Figures: in Part one and the appendix (not the sections issues 4 and 5 fill),
+- Figures: in Part one and the appendix (not Part two),
   every numeral in the prose sits inside a phrase that figures() below builds
   from the code, or is a reference (an RFC, a CVE, an issue or section number, a
   year, a version), or stands in a paragraph that says it is "one run" and names
@@ -209,13 +209,13 @@ def test_every_relative_link_points_to_a_file_or_heading_that_exists():
     assert broken == []
 
 
-# The issue's twelve sections, in its order, each found by a loose keyword; the
-# two sections issues 4 and 5 deliver sit between Further reading and the appendix.
-SECTION_ORDER = [r"orientation|start here", r"problem", r"background", r"mental model",
+# The sections in the order the commentary reads: Part one's, the pointer to the
+# bench, Part two, the appendix; each found by a loose keyword.
+SECTION_ORDER = [r"orientation|start here", r"problem", r"mental model",
                  r"reading the source|the source", r"the demo|scenario", r"boundary",
                  r"design decisions|roads not taken", r"simplified|production",
-                 r"check yourself", r"further reading", r"measuring the cost",
-                 r"part two", r"appendix"]
+                 r"check yourself", r"break it yourself", r"further reading", r"measuring the cost",
+                 r"part two", r"by default|defaults", r"appendix"]
 
 
 def test_sections_appear_in_the_order_the_issue_gives():
@@ -354,7 +354,7 @@ EARLIER = {"357 lines of code": "or 357 excluding blanks and comments",
 NOT_FIGURES = re.compile("|".join([
     r"RFC\s?\d+", r"§\s?[\d.]*\d", r"CVE-\d{4}-\d+", r"\bHTTP/\d(\.\d)?", r"\bPython \d+(\.\d+)*",
     r"\blayer[- ]\d\b", r"\bIPv\d\b", r"\b(19|20)\d\d\b", r"\b(issues?|PRs?|pull requests?)"
-    r"( #?\d+(,| and| or|/)?)+", r"\b(sections?|scenarios?|questions?|steps?|parts?) \d+"
+    r"( #?\d+(,| and| or|/)?)+", r"\b(sections?|scenarios?|questions?|exercises?|steps?|parts?) \d+"
     r"((,| and| to|-)+ ?\d+)*", r"\b[A-Z][\w-]*\d\w*\b", r"\b\w+\d+[a-z]\w*\b", r"\b\d+\.\d+(\.(\d+|x))+\b",
 ]), re.I)
 
@@ -362,11 +362,11 @@ NUMERAL = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w])")
 
 
 def part_one(source=None):
-    """The text Part one and the appendix own: everything but the sections that
-    issues 4 and 5 deliver (from "Measuring the cost" up to the last heading that
-    names the appendix)."""
+    """The text Part one and the appendix own: everything but Part two (from the
+    level-2 heading that names Part two up to the last heading that names the
+    appendix)."""
     source = source or text()
-    cut = re.search(r"^#{1,6} .*measuring the cost.*$", source, re.I | re.M)
+    cut = re.search(r"^## .*part two.*$", source, re.I | re.M)
     appendix = ([None] + list(re.finditer(r"^#{1,6} .*appendix.*$", source, re.I | re.M)))[-1]
     if cut and appendix and cut.start() < appendix.start():
         return source[:cut.start()] + source[appendix.start():]
