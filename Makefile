@@ -1,10 +1,11 @@
 # make test   - a virtual environment with the test requirements, then the whole suite
 # make check  - test, then both transcripts' determinism under load, then originality
+# make pictures - run the scenarios and redraw pictures/*.svg from what they recorded
 PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: demo race managed test check golden bench bench-quick soak clean
+.PHONY: demo race managed test check golden pictures bench bench-quick soak clean
 
 demo:
 	$(PYTHON) demo.py
@@ -40,6 +41,10 @@ check: test
 golden:
 	$(PYTHON) demo.py > transcripts/demo.txt
 	$(PYTHON) demo.py --managed > transcripts/managed.txt
+
+# Redraw the pictures from the scenarios' runs; look at them before committing.
+pictures:
+	$(PYTHON) pictures.py
 
 bench:
 	$(PYTHON) bench.py

@@ -1,0 +1,820 @@
+"""pictures.py: the commentary's pictures, drawn from the scenarios' own runs.
+
+    python3 pictures.py            run the scenarios, rewrite pictures/*.svg
+    python3 pictures.py --check    run them, and exit 1 if a checked-in picture differs
+
+Nothing here is drawn by hand. Each picture runs its scenario from demo.py or
+managed_demo.py, unchanged, while a Recorder wraps the methods where bytes change
+hands; the drawing reads only what the Recorder logged. A change to the code that
+changes what a scenario does changes its picture, and test_pictures.py, which
+renders every picture afresh and compares it byte for byte with pictures/, fails.
+
+Map of the module, in reading order:
+
+    Recorder        scaffolding: wraps methods for the length of one run and logs
+                    events (who sent or received which bytes); undoes every wrap
+    Svg             a few shapes and monospace text; grows to fit what is drawn
+    one section per picture, each a record_*() that runs the scenario and returns
+    its events, then a draw_*() that turns the events into an Svg:
+        interleave.svg        scenario 1 as a byte strip
+        headline.svg          scenario 2 as a sequence diagram
+        release.svg           scenario 6 as two timelines, framed against timeout
+        dirty-return.svg      Part two's scenario 1: the owed queue under three rules
+        failover-windows.svg  Part two's scenario 4 on the virtual clock's axis
+    PICTURES, render_all(), main()
+
+Same bytes on every run: no picture shows a time, a port or an id. Events are
+ordered by the hooks the scenario waits on (which borrow, which reply), never by
+the wall clock; where two threads log at once, the drawing reads each thread's
+events apart (e.g. the upstream's replies apart from the proxy's deliveries).
+Part two's times are the virtual clock's.
+"""
+import argparse
+import contextlib
+import io
+import socket
+import sys
+import threading
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+import demo
+import managed
+import managed_demo
+from tcp_proxy import FramedProxy, Hooks, NaiveProxy, Upstream, answer
+
+HERE = Path(__file__).parent
+PICTURES_DIR = HERE / "pictures"
+
+
+# --- scaffolding: the recorder ---------------------------------------------------
+
+class Recorder:
+    """Wraps methods for the length of a `with` block and logs what they saw.
+
+    Scaffolding: nothing in the proxies reads it. Each wrap calls the original
+    method unchanged; leaving the block restores every class as it was.
+    """
+
+    def __init__(self):
+        self.events = []                 # (kind, ...) tuples in the order they were logged
+        self.names = {}                  # a demo client's socket address -> its name ("A")
+        self.thread = threading.local()  # per-thread notes, e.g. the client a handler serves
+        self.turns = threading.Condition()   # guards turns_taken; see take_turns()
+        self.turns_taken = 0
+        self._log_lock = threading.Lock()
+        self._undo = contextlib.ExitStack()
+
+    def log(self, *event):
+        with self._log_lock:
+            self.events.append(event)
+
+    def of_kind(self, kind):
+        """The events of one kind, in the order they were logged."""
+        return [event[1:] for event in self.events if event[0] == kind]
+
+    def wrap(self, owner, attribute, make_wrapper):
+        """Replace owner.attribute by make_wrapper(original) until the block ends."""
+        original = getattr(owner, attribute)
+        if attribute in vars(owner):
+            self._undo.callback(setattr, owner, attribute, vars(owner)[attribute])
+        else:   # inherited: deleting the wrapper uncovers the inherited one again
+            self._undo.callback(delattr, owner, attribute)
+        setattr(owner, attribute, make_wrapper(original))
+
+    def name_demo_clients(self):
+        """Remember each demo.Client's address, so a proxy's socket names its peer."""
+        def make(original):
+            def __init__(client, name, addr, *args, **options):
+                original(client, name, addr, *args, **options)
+                self.names[client.sock.getsockname()] = name
+            return __init__
+        self.wrap(demo.Client, "__init__", make)
+
+    def peer_name(self, sock):
+        """The name of the demo client at the other end of a proxy's socket. Ask only
+        once the client has sent something: its name is noted when its connect returns."""
+        return self.names.get(sock.getpeername(), "?")
+
+    def wait_for_turn(self, turn, what):
+        """Block until `turn` turns have been taken (see take_turn)."""
+        with self.turns:
+            if not self.turns.wait_for(lambda: self.turns_taken >= turn, Hooks.hook_timeout):
+                raise TimeoutError(f"gave up waiting for {what}: {self.turns_taken} turns taken")
+
+    def take_turn(self):
+        with self.turns:
+            self.turns_taken += 1
+            self.turns.notify_all()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self._undo.close()
+
+
+def run_quietly(scenario, *args):
+    """Run a demo scenario; return its result and what it printed."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        result = scenario(*args)
+    return result, printed.getvalue()
+
+
+# --- drawing: a few shapes and monospace text --------------------------------------
+
+FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
+ADVANCE = 0.61   # a DejaVu Sans Mono character is 0.602 em wide; a little to spare
+INK, MUTED, FAINT = "#222222", "#666666", "#bbbbbb"
+RED, GREEN = "#c62828", "#2e7d32"
+RED_FILL = "#fbe0e0"
+UPSTREAM_COLOURS = ("#eeeeee", "#555555")
+CLIENT_COLOURS = {   # name -> (fill, stroke); the same client has the same colour in every picture
+    "A": ("#dbe8f7", "#1f5fa8"),
+    "B": ("#fde3cc", "#b85c00"),
+    "C": ("#e4dcf3", "#5b3a9e"),
+}
+
+
+def colours(name):
+    return CLIENT_COLOURS.get(name, UPSTREAM_COLOURS)
+
+
+def number(value):
+    """A coordinate as the file shows it: at most one decimal, so every run writes the same."""
+    text = f"{value:.1f}"
+    return text[:-2] if text.endswith(".0") else text
+
+
+def visible(data):
+    """Bytes as a label: b"GET a\\n" -> GET a\\n (every line end shown)."""
+    return repr(bytes(data))[2:-1]
+
+
+def text_width(content, size):
+    return len(content) * size * ADVANCE
+
+
+class Svg:
+    """An SVG picture that grows to hold what is drawn on it.
+
+    Every shape widens the picture's extent, text by its estimated width, so
+    nothing drawn can fall outside the picture; a shape left of or above the
+    origin is a layout bug and render() raises.
+    """
+
+    def __init__(self, title):
+        self.title = title
+        self.parts = []
+        self.left = self.top = 0.0
+        self.right = self.bottom = 0.0
+
+    def _cover(self, x1, y1, x2, y2):
+        self.left, self.top = min(self.left, x1, x2), min(self.top, y1, y2)
+        self.right, self.bottom = max(self.right, x1, x2), max(self.bottom, y1, y2)
+
+    def rect(self, x, y, width, height, fill="none", stroke="none", stroke_width=1, dash=None, radius=0):
+        self._cover(x, y, x + width, y + height)
+        extra = f' stroke-dasharray="{dash}"' if dash else ""
+        extra += f' rx="{radius}"' if radius else ""
+        self.parts.append(f'<rect x="{number(x)}" y="{number(y)}" width="{number(width)}" '
+                          f'height="{number(height)}" fill="{fill}" stroke="{stroke}" '
+                          f'stroke-width="{number(stroke_width)}"{extra}/>')
+
+    def line(self, x1, y1, x2, y2, stroke=INK, width=1.0, dash=None):
+        self._cover(x1, y1, x2, y2)
+        extra = f' stroke-dasharray="{dash}"' if dash else ""
+        self.parts.append(f'<line x1="{number(x1)}" y1="{number(y1)}" x2="{number(x2)}" '
+                          f'y2="{number(y2)}" stroke="{stroke}" stroke-width="{number(width)}"{extra}/>')
+
+    def polygon(self, points, fill):
+        for x, y in points:
+            self._cover(x, y, x, y)
+        listed = " ".join(f"{number(x)},{number(y)}" for x, y in points)
+        self.parts.append(f'<polygon points="{listed}" fill="{fill}"/>')
+
+    def arrow(self, x1, y1, x2, y2, stroke=INK, width=1.5, dash=None, head=8):
+        """A straight line from (x1, y1) with a head at (x2, y2)."""
+        length = max(((x2 - x1) ** 2 + (y2 - y1) ** 2) ** 0.5, 1)
+        ux, uy = (x2 - x1) / length, (y2 - y1) / length
+        base_x, base_y = x2 - ux * head, y2 - uy * head
+        self.line(x1, y1, base_x, base_y, stroke, width, dash)
+        self.polygon([(x2, y2), (base_x - uy * head / 2, base_y + ux * head / 2),
+                      (base_x + uy * head / 2, base_y - ux * head / 2)], stroke)
+
+    def text(self, x, y, content, size=13, fill=INK, anchor="start", bold=False):
+        """One line of monospace text; (x, y) is the baseline's start, middle or end."""
+        width = text_width(content, size)
+        start = {"start": x, "middle": x - width / 2, "end": x - width}[anchor]
+        self._cover(start, y - size, start + width, y + size * 0.3)
+        weight = ' font-weight="bold"' if bold else ""
+        anchor_attribute = f' text-anchor="{anchor}"' if anchor != "start" else ""
+        self.parts.append(f'<text x="{number(x)}" y="{number(y)}" font-size="{size}" '
+                          f'fill="{fill}"{anchor_attribute}{weight}>{escape(content)}</text>')
+
+    def bytes_box(self, x, y, data, owner, size=13, wrong=False, height=24):
+        """A box holding bytes as a label, filled with their owner's colour; returns its width."""
+        fill, stroke = colours(owner)
+        width = text_width(visible(data), size) + 10
+        self.rect(x, y, width, height, fill, RED if wrong else stroke, 2.5 if wrong else 1, radius=3)
+        self.text(x + 5, y + height / 2 + size * 0.35, visible(data), size, INK)
+        return width
+
+    def legend(self, x, y, entries, size=12):
+        """A legend line: (label, fill, stroke) per entry, left to right."""
+        for label, fill, stroke in entries:
+            self.rect(x, y - size + 1, size, size, fill, stroke, 1.5)
+            self.text(x + size + 6, y, label, size, INK)
+            x += size + 6 + text_width(label, size) + 22
+
+    @contextlib.contextmanager
+    def behind(self, position):
+        """Shapes drawn inside the block go under those drawn since parts[position]."""
+        later = self.parts[position:]
+        del self.parts[position:]
+        yield
+        self.parts.extend(later)
+
+    def render(self, margin=16):
+        if self.left < 0 or self.top < 0:
+            raise ValueError(f"{self.title!r}: drawn outside the picture at ({self.left}, {self.top})")
+        width, height = number(self.right + margin), number(self.bottom + margin)
+        return "\n".join([
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" font-family="{FONT}">',
+            f"<title>{escape(self.title)}</title>",
+            f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+            *self.parts,
+            "</svg>",
+            ""])
+
+
+def heading(svg, lines, x=16, y=28):
+    """The picture's visible title and a line or two under it; returns the y below them."""
+    svg.text(x, y, lines[0], 16, INK, bold=True)
+    for line in lines[1:]:
+        y += 20
+        svg.text(x, y, line, 12, MUTED)
+    return y + 22
+
+
+def owners_of(chunks, start, end):
+    """Who sent the bytes start..end of a stream made of (owner, data) chunks, in order."""
+    found, position = [], 0
+    for owner, data in chunks:
+        if position < end and start < position + len(data) and owner not in found:
+            found.append(owner)
+        position += len(data)
+    return found
+
+
+def coalesce(chunks):
+    """Join adjacent (owner, data) chunks of the same owner: how a recv() cut them is noise."""
+    joined = []
+    for owner, data in chunks:
+        if joined and joined[-1][0] == owner:
+            joined[-1] = (owner, joined[-1][1] + data)
+        else:
+            joined.append((owner, data))
+    return joined
+
+
+# --- Part one: the blind relay ------------------------------------------------------
+
+def record_naive_relay(scenario):
+    """Run a NaiveProxy scenario of demo.py; return the Recorder and what it printed.
+
+    Logged, each kind in its own thread's order:
+      sent (client, data)        a demo client's send()
+      forwarded (client, data)   a chunk NaiveProxy wrote upstream, and whose it was
+      last (client)              NaiveProxy.last after that chunk
+      parsed (line,)             a request line the upstream parsed
+      replied (data, gate)       a reply the upstream is about to write
+      routed (data, routing)     a chunk NaiveProxy.route() read from the upstream, and its rule
+      delivered (client, data)   bytes route() then wrote to a client socket
+      received (client, data)    what a demo client read to EOF
+    """
+    recorder = Recorder()
+    with recorder:
+        recorder.name_demo_clients()
+        routing = threading.local()   # set while a thread is inside route()
+
+        def wrap_send(original):
+            def send(client, data):
+                recorder.log("sent", client.name, data)
+                original(client, data)
+            return send
+
+        def wrap_read_to_eof(original):
+            def read_to_eof(client):
+                data = original(client)
+                recorder.log("received", client.name, data)
+                return data
+            return read_to_eof
+
+        def wrap_forward(original):
+            def forward(proxy, client, data):
+                recorder.log("forwarded", recorder.peer_name(client), data)
+                original(proxy, client, data)
+                recorder.log("last", recorder.peer_name(proxy.last))
+            return forward
+
+        def wrap_route(original):
+            def route(proxy, data):
+                recorder.log("routed", data, proxy.routing)
+                routing.active = True
+                try:
+                    original(proxy, data)
+                finally:
+                    routing.active = False
+            return route
+
+        def wrap_sendall(original):
+            def sendall(sock, data, *flags):
+                if getattr(routing, "active", False):
+                    recorder.log("delivered", recorder.peer_name(sock), bytes(data))
+                return original(sock, data, *flags)
+            return sendall
+
+        def wrap_count(original):
+            def count(server, name, amount=1):
+                if name == "requests":
+                    recorder.log("parsed", amount)
+                original(server, name, amount)
+            return count
+
+        def wrap_reply(original):
+            def reply(upstream, conn, data):
+                recorder.log("replied", data, upstream.gate)
+                original(upstream, conn, data)
+            return reply
+
+        recorder.wrap(demo.Client, "send", wrap_send)
+        recorder.wrap(demo.Client, "read_to_eof", wrap_read_to_eof)
+        recorder.wrap(NaiveProxy, "forward", wrap_forward)
+        recorder.wrap(NaiveProxy, "route", wrap_route)
+        recorder.wrap(socket.socket, "sendall", wrap_sendall)
+        recorder.wrap(Upstream, "count", wrap_count)
+        recorder.wrap(Upstream, "reply", wrap_reply)
+        _, printed = run_quietly(scenario)
+    return recorder, printed
+
+
+def request_owners(recorder):
+    """Each parsed request line with the clients whose bytes made it (forwarded order)."""
+    forwarded = coalesce(recorder.of_kind("forwarded"))
+    requests, position = [], 0
+    for (line,) in recorder.of_kind("parsed"):
+        end = position + len(line) + 1   # the line and its b"\n"
+        requests.append((line, owners_of(forwarded, position, end)))
+        position = end
+    return requests
+
+
+def deliveries(recorder):
+    """Each upstream reply, in order, with the (client, bytes) route() wrote of it.
+
+    route() writes each chunk it reads to its targets; a chunk may hold part of a
+    reply or two replies (recv() cuts as it likes), so the chunks are laid end to
+    end and cut where the upstream's replies end. Both kinds come from the one
+    downstream thread, so their order is the order route() ran in.
+    """
+    chunks = []   # (chunk, [clients it was written to])
+    for event in recorder.events:
+        if event[0] == "routed":
+            chunks.append((event[1], []))
+        elif event[0] == "delivered":
+            chunks[-1][1].append(event[1])
+    result, start = [], 0
+    for data, _ in recorder.of_kind("replied"):
+        end, pieces, position = start + len(data), [], 0
+        for chunk, clients in chunks:
+            low, high = max(start, position), min(end, position + len(chunk))
+            if low < high:
+                pieces.extend((client, chunk[low - position:high - position]) for client in clients)
+            position += len(chunk)
+        result.append((data, pieces))
+        start = end
+    return result
+
+
+# --- 1. interleave.svg --------------------------------------------------------------
+
+CELL = 30   # a byte's width in the strip
+
+
+def draw_interleave(recorder):
+    forwarded = coalesce(recorder.of_kind("forwarded"))
+    requests = request_owners(recorder)
+    stream = b"".join(data for _, data in forwarded)
+    svg = Svg("Scenario 1: two clients' bytes interleave on one upstream socket")
+    y = heading(svg, ["Scenario 1: two clients' bytes interleave on one upstream socket",
+                      f"the {len(stream)} bytes NaiveProxy forwarded, in the order they reached the upstream"])
+    left = 24
+    # who sent each run of bytes, above the strip
+    position, y_sender = 0, y + 16
+    for owner, data in forwarded:
+        x1, x2 = left + position * CELL, left + (position + len(data)) * CELL
+        fill, stroke = colours(owner)
+        svg.text((x1 + x2) / 2, y_sender, f"{owner}: {len(data)} bytes", 13, stroke, "middle", bold=True)
+        svg.line(x1 + 2, y_sender + 8, x2 - 2, y_sender + 8, stroke, 2)
+        position += len(data)
+    # the strip: one cell per byte, coloured by its sender; each b"\n" in a dark cell
+    y_strip = y_sender + 18
+    position = 0
+    for owner, data in forwarded:
+        fill, stroke = colours(owner)
+        for value in data:
+            x = left + position * CELL
+            newline = value == ord("\n")
+            svg.rect(x, y_strip, CELL, 36, INK if newline else fill, stroke, 1)
+            label = visible(bytes([value])) if value != ord(" ") else "\u2423"
+            svg.text(x + CELL / 2, y_strip + 24, label, 14 if not newline else 13,
+                     "#ffffff" if newline else INK, "middle", bold=newline)
+            position += 1
+    svg.text(left, y_strip + 54, "\u2423 is a space;  \\n ends a line: the upstream parses a request "
+             "at each one", 12, MUTED)
+    # what the upstream parsed: a bracket under each request, up to and including its b"\n"
+    y_parsed = y_strip + 84
+    position = 0
+    for index, (line, senders) in enumerate(requests):
+        x1 = left + position * CELL
+        x2 = x1 + (len(line) + 1) * CELL
+        whole_request = len(senders) == 1 and any(
+            sent == line.encode() + b"\n" for name, sent in recorder.of_kind("sent") if name == senders[0])
+        tone = INK if whole_request else RED
+        svg.line(x1 + 2, y_parsed, x2 - 2, y_parsed, tone, 2.5)
+        svg.line(x1 + 2, y_parsed - 8, x1 + 2, y_parsed, tone, 2.5)
+        svg.line(x2 - 2, y_parsed - 8, x2 - 2, y_parsed, tone, 2.5)
+        svg.text(x1 + 4, y_parsed + 20, f"request {index + 1}: '{line}'", 13, tone, bold=True)
+        made_of = " + ".join(senders)
+        svg.text(x1 + 4, y_parsed + 38, f"bytes of {made_of}" + ("" if whole_request else
+                 ": a request nobody sent"), 12, tone)
+        position += len(line) + 1
+    # where each reply went: route()'s own writes
+    y_reply = y_parsed + 76
+    svg.text(left, y_reply, "the upstream answers each request; NaiveProxy hands each answer on:", 13, INK)
+    for index, (reply, pieces) in enumerate(deliveries(recorder)):
+        takers = [client for client, _ in pieces]
+        y_row = y_reply + 26 + index * 30
+        svg.text(left + 12, y_row, f"to request {index + 1}", 12, MUTED)
+        x = left + 140
+        svg.arrow(x, y_row - 4, x + 40, y_row - 4, RED, 1.5)
+        width = svg.bytes_box(x + 48, y_row - 17, reply, "Upstream", 12, wrong=True)
+        svg.text(x + 58 + width, y_row, f"written to {' and '.join(takers) or 'nobody'}", 12, RED, bold=True)
+    replies = recorder.of_kind("replied")
+    y_legend = y_reply + 26 + len(replies) * 30 + 16
+    svg.legend(left, y_legend, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
+                                ("\\n", INK, INK), ("red: not what anyone asked for", RED_FILL, RED)])
+    return svg
+
+
+# --- 2. headline.svg ----------------------------------------------------------------
+
+def whose_answers(recorder):
+    """For each reply in order: the clients whose bytes made the request it answers."""
+    return [senders for _, senders in request_owners(recorder)]
+
+
+def draw_headline(recorder):
+    title = "Scenario 2: whole requests, one after the other: B gets A's answer"
+    svg = Svg(title)
+    y = heading(svg, [title, "NaiveProxy shares one upstream socket and routes every reply to `last`, "
+                             "the client that wrote most recently"])
+    lanes = {"A": 90, "B": 300, "NaiveProxy": 570, "Upstream": 830}
+    notes_x = lanes["Upstream"] + 70
+    row = 34
+    rows = []   # (kind, ...) per row, drawn below
+    for event in recorder.events:
+        kind = event[0]
+        if kind == "sent":
+            rows.append(("arrow", event[1], "NaiveProxy", event[2], event[1], False, ""))
+        elif kind == "forwarded":
+            rows.append(("arrow", "NaiveProxy", "Upstream", event[2], event[1], False, ""))
+        elif kind == "last":
+            rows.append(("note", "NaiveProxy", f"last = {event[1]}", event[1], False))
+    gates = {gate for _, gate in recorder.of_kind("replied")}
+    for gate in sorted(gates - {0}):
+        rows.append(("note", "Upstream", f"gate: replies held until {gate} requests are in", None, False))
+    routing = {rule for _, rule in recorder.of_kind("routed")}
+    how = "routed to last = {}" if routing == {"last"} else "routed to {} (routing: " + "/".join(sorted(routing)) + ")"
+    for (reply, pieces), requesters in zip(deliveries(recorder), whose_answers(recorder)):
+        asked = " + ".join(requesters)
+        rows.append(("arrow", "Upstream", "NaiveProxy", reply, asked, False, f"the answer to {asked}'s request"))
+        for client, piece in pieces:
+            wrong = client not in requesters or len(requesters) > 1
+            rows.append(("arrow", "NaiveProxy", client, piece, asked, wrong,
+                         how.format(client) + (f": {asked} asked for it" if wrong else "")))
+    sent = {}
+    for name, data in recorder.of_kind("sent"):
+        sent[name] = sent.get(name, b"") + data
+    for name, data in recorder.of_kind("received"):
+        expected = b"".join(answer(line) for line in sent.get(name, b"").split(b"\n")[:-1])
+        rows.append(("note", name, f"{name} received {len(data)} bytes", name, data != expected))
+    top = y + 30
+    bottom = top + row * (len(rows) + 1)
+    for lane, x in lanes.items():
+        fill, stroke = colours(lane)
+        svg.rect(x - 55, top - 26, 110, 26, fill, stroke, 1.5, radius=4)
+        svg.text(x, top - 8, lane, 13, INK, "middle", bold=True)
+        svg.line(x, top, x, bottom, FAINT, 1.5, dash="4 4")
+    for index, drawn in enumerate(rows):
+        y_row = top + row * (index + 1)
+        if drawn[0] == "arrow":
+            _, source, target, data, owner, wrong, remark = drawn
+            x1, x2 = lanes[source], lanes[target]
+            tone = RED if wrong else colours(owner)[1]
+            svg.arrow(x1, y_row, x2, y_row, tone, 2.5 if wrong else 1.5)
+            label = visible(data)
+            label_x = min(x1, x2) + 12
+            svg.rect(label_x - 3, y_row - 20, text_width(label, 13) + 6, 17, "#ffffff")
+            svg.text(label_x, y_row - 6, label, 13, RED if wrong else INK, bold=wrong)
+            if remark:
+                svg.text(notes_x, y_row + 4, remark, 12, RED if wrong else MUTED, bold=wrong)
+        else:
+            _, lane, label, owner, wrong = drawn
+            x = lanes[lane]
+            width = text_width(label, 12) + 14
+            fill, stroke = colours(owner) if owner else UPSTREAM_COLOURS
+            svg.rect(x - width / 2, y_row - 15, width, 22, RED_FILL if wrong else fill,
+                     RED if wrong else stroke, 2 if wrong else 1, radius=3)
+            svg.text(x, y_row + 1, label, 12, RED if wrong else INK, "middle", bold=True)
+    svg.legend(16, bottom + 30, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
+                                  ("red: written to a client that did not ask for it", RED_FILL, RED)])
+    return svg
+
+
+# --- 3. release.svg -------------------------------------------------------------------
+
+SHOWN_EXCHANGES = 3   # borrowers drawn per trial; the trial's total is printed under them
+
+
+def record_release():
+    """Run scenario 6's two paused-reply trials, framed then timeout; return the Recorder.
+
+    Logged, each event but the first and last tagged with its exchange number k
+    (the k-th checkout, which the upstream answers with its k-th reply):
+      trial (release,)               a trial begins
+      borrowed (k, client, request)  checkout() lent the one connection for this request
+      wrote (k, data, part)          the upstream is about to write "first" part or "tail" of reply k
+      partial (k,)                   the framed reader holds bytes but no \\n and reads again
+      read (k, client, reply)        read_reply() is done: what the client will be sent
+      checkin (k, client, timeout)   the connection goes back (timeout: the release_timeout, if any)
+      right (release, count, total)  the trial's right answers, as release_trial() counts them
+
+    Two pieces of scaffolding fix what the demo leaves to the scheduler, neither of
+    which changes a count: borrowers take the connection in name order (A, B, C ...),
+    and under the timeout rule the upstream writes reply k's tail once request k+1
+    is in, so the tail and reply k+1's first part reach the next borrower together.
+    """
+    recorder = Recorder()
+    trial = {}   # this trial's release rule, upstream, and per-exchange notes
+
+    def wrap_handle(original):
+        def handle(proxy, conn):
+            recorder.thread.conn = conn   # named in exchange(): the client may not be named yet
+            original(proxy, conn)
+        return handle
+
+    def wrap_exchange(original):
+        def exchange(proxy, request):
+            recorder.thread.client = recorder.peer_name(recorder.thread.conn)   # it has sent: it is named
+            recorder.thread.request = request
+            return original(proxy, request)
+        return exchange
+
+    def wrap_checkout(original):
+        def checkout(proxy):
+            client = recorder.thread.client
+            recorder.wait_for_turn(demo.CLIENT_NAMES.index(client), f"{client}'s turn to borrow")
+            connection = original(proxy)
+            recorder.thread.exchange = trial["borrows"] = trial["borrows"] + 1
+            recorder.log("borrowed", trial["borrows"], client, recorder.thread.request)
+            recorder.take_turn()
+            return connection
+        return checkout
+
+    def wrap_read_reply(original):
+        def read_reply(proxy, connection):
+            reply, rest = original(proxy, connection)
+            recorder.log("read", recorder.thread.exchange, recorder.thread.client, reply)
+            return reply, rest
+        return read_reply
+
+    def wrap_count(original):
+        def count(proxy, name, amount=1):
+            exchange = getattr(recorder.thread, "exchange", None)
+            if name == "partial_replies" and exchange not in trial["partial"]:
+                trial["partial"].add(exchange)
+                recorder.log("partial", exchange)
+            original(proxy, name, amount)
+        return count
+
+    def wrap_checkin(original):
+        def checkin(proxy, connection, finished):
+            timeout = proxy.release_timeout if proxy.release == "timeout" else None
+            recorder.log("checkin", recorder.thread.exchange, recorder.thread.client, timeout)
+            original(proxy, connection, finished)
+        return checkin
+
+    def wrap_reply(original):
+        def reply(upstream, conn, data):
+            trial["replies"] += 1
+            recorder.thread.reply = data
+            cut = upstream.split_at or 0
+            if cut:
+                recorder.log("wrote", trial["replies"], data[:cut], "first")
+            original(upstream, conn, data)
+        return reply
+
+    def wrap_upstream_init(original):
+        def __init__(upstream, *args, **options):
+            original(upstream, *args, **options)
+            pause = upstream.pause
+
+            def pause_then_log_the_tail(number):
+                pause(number)
+                if trial["release"] == "timeout":   # scaffolding: see the docstring
+                    wanted = min(number + 1, len(recorder.names))
+                    upstream.wait_until(lambda: len(upstream.requests) >= wanted or upstream.closed,
+                                        f"request {wanted} before reply {number}'s tail")
+                data = recorder.thread.reply
+                recorder.log("wrote", number, data[upstream.split_at or 0:], "tail")
+            upstream.pause = pause_then_log_the_tail
+        return __init__
+
+    with recorder:
+        recorder.name_demo_clients()
+        recorder.wrap(FramedProxy, "handle", wrap_handle)
+        recorder.wrap(FramedProxy, "exchange", wrap_exchange)
+        recorder.wrap(FramedProxy, "checkout", wrap_checkout)
+        recorder.wrap(FramedProxy, "read_reply", wrap_read_reply)
+        recorder.wrap(FramedProxy, "count", wrap_count)
+        recorder.wrap(FramedProxy, "checkin", wrap_checkin)
+        recorder.wrap(Upstream, "reply", wrap_reply)
+        recorder.wrap(Upstream, "__init__", wrap_upstream_init)
+        for release in ("framed", "timeout"):
+            trial.update(release=release, borrows=0, replies=0, partial=set())
+            recorder.names.clear()
+            recorder.turns_taken = 0
+            recorder.log("trial", release)
+            right = demo.release_trial(release, True)
+            recorder.log("right", release, right, len(recorder.names))
+    return recorder
+
+
+def trials(recorder):
+    """{release: (its events sorted by exchange, stably), (right, total)}."""
+    found, current = {}, None
+    for event in recorder.events:
+        if event[0] == "trial":
+            current = found[event[1]] = []
+        elif event[0] == "right":
+            found[event[1]] = (sorted(current, key=lambda e: e[1]), event[2:])
+        else:
+            current.append(event)
+    return found
+
+
+def segments(writes, start, end):
+    """The (owner, bytes, write index) pieces of stream bytes start..end, cut at write boundaries."""
+    pieces, position = [], 0
+    for index, (owner, data) in enumerate(writes):
+        low, high = max(start, position), min(end, position + len(data))
+        if low < high:
+            pieces.append((owner, data[low - position:high - position], index))
+        position += len(data)
+    return pieces
+
+
+def draw_release_panel(svg, left, top, release, events, right, total):
+    """One trial as a timeline running down the page; returns the panel's bottom."""
+    borrower = {e[1]: e[2] for e in events if e[0] == "borrowed"}
+    requests = {e[1]: e[3] for e in events if e[0] == "borrowed"}
+    writes = [(borrower.get(e[1], "?"), e[2]) for e in events if e[0] == "wrote"]
+    shown = [e for e in events if e[1] <= SHOWN_EXCHANGES]
+    columns = {"upstream": left, "connection": left + 190, "gets": left + 360}
+    row = 30
+    if release == "framed":
+        rule = 'release="framed": the connection goes back after the reply\'s \\n'
+    else:
+        timeout = next(e[3] for e in events if e[0] == "checkin")
+        rule = f'release="timeout": it goes back after {timeout}s of silence'
+    svg.text(left, top, rule, 14, INK, bold=True)
+    for name, x in columns.items():
+        label = {"upstream": "the upstream writes", "connection": "the connection",
+                 "gets": "the borrower gets"}[name]
+        svg.text(x, top + 26, label, 12, MUTED)
+    y = top + 34
+    first_part = len(svg.parts)   # the red arrows go under everything in the panel
+    write_index, read_position, write_rows, lease_top = 0, 0, {}, {}
+    silence_from = None
+    arrows = []
+    for event in shown:
+        y += row
+        kind, k = event[0], event[1]
+        if kind == "borrowed":
+            client, request = event[2], event[3]
+            lease_top[k] = y - 18
+            label = f"lent to {client}: {visible(request)}"
+            svg.rect(columns["connection"] + 10, y - 14, text_width(label, 12) + 4, 18, "#ffffff")
+            svg.text(columns["connection"] + 12, y, f"lent to {client}: {visible(request)}", 12, INK)
+        elif kind == "wrote":
+            owner, data = writes[write_index]
+            if event[3] == "tail" and silence_from is not None:
+                middle = (silence_from + y - 20) / 2
+                svg.line(columns["upstream"] + 10, silence_from, columns["upstream"] + 10, y - 20,
+                         MUTED, 1.5, dash="3 4")
+                svg.text(columns["upstream"] + 18, middle + 4, "silence: the pause", 12, MUTED)
+                silence_from = None
+            width = svg.bytes_box(columns["upstream"], y - 17, data, owner, 12)
+            write_rows[write_index] = (columns["upstream"] + width, y - 5)
+            if event[3] == "first":
+                silence_from = y + 9
+            write_index += 1
+        elif kind == "partial":
+            svg.text(columns["connection"] + 12, y, "no \\n yet: reads on", 12, MUTED)
+        elif kind == "read":
+            client, reply = event[2], event[3]
+            wrong = reply != answer(requests[k][:-1])
+            x = columns["gets"]
+            svg.text(x, y, f"{client}:", 12, INK, bold=True)
+            x += 30
+            for owner, piece, index in segments(writes, read_position, read_position + len(reply)):
+                stale = owner != client
+                box_width = svg.bytes_box(x, y - 17, piece, owner, 12, wrong=stale)
+                if stale:
+                    arrows.append((write_rows[index], (x, y - 5)))
+                x += box_width + 2
+            read_position += len(reply)
+            svg.text(x + 8, y, "wrong" if wrong else "right", 12, RED if wrong else GREEN, bold=True)
+        elif kind == "checkin":
+            client = event[2]
+            fill, stroke = colours(client)
+            svg.rect(columns["connection"], lease_top[k], 6, y - 14 - lease_top[k], stroke, stroke)
+            svg.line(columns["connection"], y - 6, columns["connection"] + 120, y - 6, stroke, 2)
+            svg.text(columns["connection"] + 12, y + 8, "checkin", 12, stroke, bold=True)
+            y += 8
+    with svg.behind(first_part):
+        for (x1, y1), (x2, y2) in arrows:
+            svg.arrow(x1 + 4, y1, x2 - 4, y2, RED, 2)
+    y += 36
+    tone = GREEN if right == total else RED
+    svg.text(left, y, f"right: {right}/{total}" + (f"   (the first {SHOWN_EXCHANGES} of {total} "
+             f"borrowers drawn)" if total > SHOWN_EXCHANGES else ""), 13, tone, bold=True)
+    return y
+
+
+def draw_release(recorder):
+    title = "Scenario 6: a reply written in two parts with a pause between, pool cap 1"
+    svg = Svg(title)
+    y = heading(svg, [title, "two trials of its paused-reply row: the framed rule against the timeout rule"])
+    found = trials(recorder)
+    bottoms = []
+    for index, release in enumerate(("framed", "timeout")):
+        events, (right, total) = found[release]
+        bottoms.append(draw_release_panel(svg, 16 + index * 640, y + 10, release, events, right, total))
+    svg.legend(16, max(bottoms) + 30, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
+                                        ("C's bytes", *colours("C")),
+                                        ("red: bytes of another client's answer", RED_FILL, RED)])
+    svg.text(16, max(bottoms) + 52, "borrowers take the connection in name order "
+             "(scaffolding, so every run draws the same picture)", 12, MUTED)
+    return svg
+
+
+# --- the pictures, and the command line ------------------------------------------------
+
+PICTURES = {
+    "interleave.svg": lambda: draw_interleave(record_naive_relay(demo.interleave)[0]),
+    "headline.svg": lambda: draw_headline(record_naive_relay(demo.headline)[0]),
+    "release.svg": lambda: draw_release(record_release()),
+}
+
+
+def render_all():
+    """Run every picture's scenario; return {file name: SVG text}."""
+    return {name: make().render() for name, make in PICTURES.items()}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare with pictures/, write nothing")
+    options = parser.parse_args(argv)
+    stale = []
+    for name, svg in render_all().items():
+        path = PICTURES_DIR / name
+        if options.check:
+            if not path.exists() or path.read_text(encoding="utf-8") != svg:
+                stale.append(name)
+        else:
+            PICTURES_DIR.mkdir(exist_ok=True)
+            path.write_text(svg, encoding="utf-8")
+            print(f"wrote {path.relative_to(HERE)}")
+    for name in stale:
+        print(f"pictures/{name} differs from what the scenario draws now: run `make pictures`")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
