@@ -237,6 +237,20 @@ def test_check_yourself_holds_6_to_10_questions_each_with_its_answer_folded_unde
         assert summary and summary.group(1).strip() and summary.group(2).strip(), question[:80]
 
 
+def test_every_picture_is_shown_with_a_one_line_caption_under_it():
+    source = text()
+    drawn = sorted(path.name for path in (HERE / "pictures").glob("*.svg"))
+    shown = re.findall(r"^!\[[^\]]+\]\(pictures/([\w-]+\.svg)\)\n\*[^*\n]+\*$", source, re.M)
+    assert drawn and sorted(shown) == drawn
+
+
+MAX_BYTES = 55_000   # issue 10: half the first edition's 98 KB, all that teaches kept
+
+
+def test_the_commentary_stays_within_55_kb():
+    assert len(COMMENTARY.read_bytes()) <= MAX_BYTES
+
+
 # --- figures -------------------------------------------------------------------------
 
 def source_of(thing):
@@ -282,6 +296,10 @@ def figures():
     ceiling = number_in(HERE / "test_tcp_proxy.py", r"== \d+ <= (\d+)")
     reruns = number_in(HERE / "test_tcp_proxy.py", r"for _ in range\((\d+)\)\]")
     check_runs = number_in(HERE / "Makefile", r"seq (\d+)")
+    few_cap = number_in(HERE / "test_tcp_proxy.py", r"FramedProxy\(upstream.addr, pool_cap=(\d+)\) as proxy:\n"
+                        r"\s+assert demo.many_clients\(proxy.addr, count=\d+\)")
+    few = number_in(HERE / "test_tcp_proxy.py", r"many_clients\(proxy.addr, count=(\d+)\)")
+    few_opened = number_in(HERE / "test_tcp_proxy.py", r"count=\d+\) == \d+\n\s+assert proxy.opened == (\d+)")
     phrases = [
         # the protocol
         f"and {len(alpha) - len(b'alpha=') - 1} copies of",
@@ -315,6 +333,8 @@ def figures():
         f"min({top_cap}, {clients}) = {min(top_cap, clients)}",
         f"{min(top_cap, clients)} connections",
         f"at most {clients} requests",
+        f"a cap of {few_cap} and {few} clients",
+        f"{few_opened}: the pool grows",
         f"the {clients} client connections share 1 upstream connection",
         f"{clients}/1 = {clients:.1f}",
         # scenario 6: the paused reply
