@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 import demo
+import managed
+import managed_demo
 import pictures
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
 
@@ -95,9 +97,38 @@ def test_the_recorder_puts_every_method_back():
     before = {(owner, name): vars(owner).get(name) for owner, name in [
         (NaiveProxy, "forward"), (NaiveProxy, "route"), (FramedProxy, "checkout"),
         (FramedProxy, "count"), (Upstream, "reply"), (Upstream, "__init__"),
-        (demo.Client, "__init__"), (demo.Client, "send")]}
+        (demo.Client, "__init__"), (demo.Client, "send"), (managed.ManagedClient, "_deliver"),
+        (managed.ManagedClient, "count"), (managed.ManagedSet, "_note"), (managed.ReliabilityCache, "count"),
+        (managed_demo.FaultyUpstream, "close")]}
     pictures.record_naive_relay(demo.interleave)
     pictures.record_release()
+    pictures.record_managed(managed_demo.failover)
     after = {key: vars(key[0]).get(key[1]) for key in before}
     assert after == before
     assert "sendall" not in vars(socket.socket)
+
+
+def test_the_runs_that_draw_part_two_print_the_managed_transcripts_lines():
+    for scenario, title in ((managed_demo.dirty_return, "The dirty return: a timed-out call's late reply"),
+                            (managed_demo.failover, "Failover with a reliability cache, on the virtual clock")):
+        _, printed = pictures.record_managed(scenario)
+        assert printed == transcript_section("managed.txt", title)
+
+
+def test_the_dirty_return_hands_apples_reply_to_banana_only_when_the_timed_out_call_is_forgotten():
+    recorder, _ = pictures.record_managed(managed_demo.dirty_return)
+    handed = {options: [(what, tone) for _, what, tone, *_ in pictures.dirty_steps(events) if what]
+              for options, events in pictures.variants(recorder)}
+    assert handed == {
+        ("forget", False): [("it leaves the queue", pictures.INK),
+                            ("handed to banana: WRONG", pictures.RED), ("no call is owed it", pictures.INK)],
+        ("discard", False): [("it stays owed, abandoned", pictures.INK),
+                             ("discarded: apple gave up", pictures.GREEN), ("handed to banana", pictures.GREEN)],
+        ("discard", True): [("its connection is destroyed", pictures.INK), ("handed to banana", pictures.GREEN)]}
+
+
+def test_the_failover_picture_has_as_windows_0_to_1_1_to_3_and_3_to_7_seconds():
+    recorder, _ = pictures.record_managed(managed_demo.failover)
+    assert [(name, start, end) for name, start, end, _ in recorder.of_kind("disabled")] == [
+        ("A", 0.0, 1.0), ("A", 1.0, 3.0), ("A", 3.0, 7.0)]
+    assert [t for t, _ in recorder.of_kind("call")] == [0.0, 0.5, 1.0, 3.0, 4.0, 7.0]
