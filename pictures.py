@@ -61,7 +61,7 @@ class Recorder:
         self.events = []                 # (kind, ...) tuples in the order they were logged
         self.names = {}                  # a demo client's socket address -> its name ("A")
         self.thread = threading.local()  # per-thread notes, e.g. the client a handler serves
-        self.turns = threading.Condition()   # guards turns_taken; see take_turns()
+        self.turns = threading.Condition()   # guards turns_taken; see wait_for_turn()
         self.turns_taken = 0
         self._log_lock = threading.Lock()
         self._undo = contextlib.ExitStack()
@@ -98,7 +98,8 @@ class Recorder:
         return self.names.get(sock.getpeername(), "?")
 
     def wait_for_turn(self, turn, what):
-        """Block until `turn` turns have been taken (see take_turn)."""
+        """Block until `turn` turns have been taken: scaffolding that lets threads which
+        would race go one at a time, in an order the caller fixes (see record_release)."""
         with self.turns:
             if not self.turns.wait_for(lambda: self.turns_taken >= turn, Hooks.hook_timeout):
                 raise TimeoutError(f"gave up waiting for {what}: {self.turns_taken} turns taken")
@@ -876,9 +877,9 @@ def record_managed(scenario):
         return __init__
 
     def wrap_shut_down(original):
-        def shut_down(managed):
+        def shut_down(client_or_set):
             recorder.log("shut down")
-            original(managed)
+            original(client_or_set)
         return shut_down
 
     def wrap_call(original):
@@ -927,7 +928,8 @@ def record_managed(scenario):
         def make(original):
             def change(upstream):
                 name = state["names"].get(upstream.addr)
-                if name and not upstream.closed == (kind == "stopped"):
+                running = not upstream.closed
+                if name and running == (kind == "stopped"):   # a change, not a repeated close()
                     recorder.log(kind, state["clock"].now(), name)
                 original(upstream)
             return change
@@ -1101,7 +1103,10 @@ def draw_failover(recorder):
             calls[-1][1].append((event[3], event[4]))
     end = max([e[2] for e in disables] + [t for t, _ in calls])
     left, top = 170, y + 20
-    x_of = lambda t: left + t * SECOND   # noqa: E731 - a scale, named where it is used
+
+    def x_of(seconds):
+        return left + seconds * SECOND
+
     # the time axis
     svg.line(left, top, x_of(end), top, INK, 1.5)
     for second in range(int(end) + 1):
