@@ -826,10 +826,10 @@ def record_managed(scenario):
         return __init__
 
     def wrap_send(original):
-        def _send(client, connection, call, request):
+        def _send(client, connection, call, request, *args, **options):
             state["labels"][call] = request.decode().rstrip("\n")
             recorder.thread.connection = connection
-            return original(client, connection, call, request)
+            return original(client, connection, call, request, *args, **options)
         return _send
 
     def wrap_client_count(original):
@@ -842,28 +842,29 @@ def record_managed(scenario):
         return count
 
     def wrap_time_out(original):
-        def _time_out(client, connection, call):
+        def _time_out(client, connection, call, *args, **options):
             try:
-                original(client, connection, call)
+                return original(client, connection, call, *args, **options)
             finally:
                 recorder.log("timeout", client.clock.now(), connection_number(connection),
                              state["labels"][call], queue(connection), connection.ended)
         return _time_out
 
     def wrap_deliver(original):
-        def _deliver(client, connection, reply):
+        def _deliver(client, connection, reply, *args, **options):
             oldest = connection.owed[0] if connection.owed and not connection.ended else None
             settled = state["labels"].get(oldest) if oldest else None
             abandoned = oldest.abandoned if oldest else False
-            original(client, connection, reply)
+            result = original(client, connection, reply, *args, **options)
             recorder.log("reply", client.clock.now(), connection_number(connection), reply, settled,
                          abandoned, queue(connection), connection.ended)
+            return result
         return _deliver
 
     def wrap_move(original):
-        def _move(client, new_state, reason):
+        def _move(client, new_state, reason, *args, **options):
             recorder.log("move", client.clock.now(), client.state, new_state, reason)
-            original(client, new_state, reason)
+            return original(client, new_state, reason, *args, **options)
         return _move
 
     def wrap_set_init(original):
@@ -877,31 +878,31 @@ def record_managed(scenario):
         return __init__
 
     def wrap_shut_down(original):
-        def shut_down(client_or_set):
+        def shut_down(client_or_set, *args, **options):
             recorder.log("shut down")
-            original(client_or_set)
+            return original(client_or_set, *args, **options)
         return shut_down
 
     def wrap_call(original):
-        def call(managed_set, request):
+        def call(managed_set, request, *args, **options):
             recorder.log("call", managed_set.clock.now(), request)
-            reply = original(managed_set, request)
+            reply = original(managed_set, request, *args, **options)
             recorder.log("answered", reply)
             return reply
         return call
 
     def wrap_pick(original):
-        def pick(managed_set):
+        def pick(managed_set, *args, **options):
             recorder.thread.picking = True
             try:
-                return original(managed_set)
+                return original(managed_set, *args, **options)
             finally:
                 recorder.thread.picking = False
         return pick
 
     def wrap_is_enabled(original):
-        def is_enabled(cache, addr):
-            enabled = original(cache, addr)
+        def is_enabled(cache, addr, *args, **options):
+            enabled = original(cache, addr, *args, **options)
             if getattr(recorder.thread, "picking", False):
                 recorder.log("enabled", state["names"].get(addr, "?"), enabled)
             return enabled
