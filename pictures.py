@@ -1166,18 +1166,24 @@ def draw_failover(recorder):
 
 # --- the pictures, and the command line ------------------------------------------------
 
-PICTURES = {
-    "interleave.svg": lambda: draw_interleave(record_naive_relay(demo.interleave)[0]),
-    "headline.svg": lambda: draw_headline(record_naive_relay(demo.headline)[0]),
-    "release.svg": lambda: draw_release(record_release()),
-    "dirty-return.svg": lambda: draw_dirty_return(record_managed(managed_demo.dirty_return)[0]),
-    "failover-windows.svg": lambda: draw_failover(record_managed(managed_demo.failover)[0]),
+PICTURES = {   # file name -> (run the scenario: (Recorder, what it printed), draw from the Recorder)
+    "interleave.svg": (lambda: record_naive_relay(demo.interleave), draw_interleave),
+    "headline.svg": (lambda: record_naive_relay(demo.headline), draw_headline),
+    "release.svg": (lambda: (record_release(), ""), draw_release),
+    "dirty-return.svg": (lambda: record_managed(managed_demo.dirty_return), draw_dirty_return),
+    "failover-windows.svg": (lambda: record_managed(managed_demo.failover), draw_failover),
 }
 
 
-def render_all():
-    """Run every picture's scenario; return {file name: SVG text}."""
-    return {name: make().render() for name, make in PICTURES.items()}
+def record_all():
+    """Run every picture's scenario once; return {file name: (Recorder, what it printed)}."""
+    return {name: record() for name, (record, _) in PICTURES.items()}
+
+
+def render_all(runs=None):
+    """Draw every picture from `runs` (record_all() if not given); return {file name: SVG text}."""
+    runs = runs or record_all()
+    return {name: draw(runs[name][0]).render() for name, (_, draw) in PICTURES.items()}
 
 
 def main(argv=None):
