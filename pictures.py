@@ -401,6 +401,12 @@ def deliveries(recorder):
     return result
 
 
+def lines_sent(recorder, client):
+    """The request lines a client meant: everything it sent, end to end, cut at each b"\\n"."""
+    stream = b"".join(data for name, data in recorder.of_kind("sent") if name == client)
+    return stream.split(b"\n")[:-1]
+
+
 # --- 1. interleave.svg --------------------------------------------------------------
 
 CELL = 30   # a byte's width in the strip
@@ -437,14 +443,16 @@ def draw_interleave(recorder):
             position += 1
     svg.text(left, y_strip + 54, "\u2423 is a space;  \\n ends a line: the upstream parses a request "
              "at each one", 12, MUTED)
+    meant = "; ".join(f"{client} meant " + ", ".join(f"'{line.decode()}'" for line in lines_sent(recorder, client))
+                      for client in dict.fromkeys(owner for owner, _ in forwarded))
+    svg.text(left, y_strip + 72, meant, 12, INK)
     # what the upstream parsed: a bracket under each request, up to and including its b"\n"
-    y_parsed = y_strip + 84
+    y_parsed = y_strip + 102
     position = 0
     for index, (line, senders) in enumerate(requests):
         x1 = left + position * CELL
         x2 = x1 + (len(line) + 1) * CELL
-        whole_request = len(senders) == 1 and any(
-            sent == line.encode() + b"\n" for name, sent in recorder.of_kind("sent") if name == senders[0])
+        whole_request = len(senders) == 1 and line.encode() in lines_sent(recorder, senders[0])
         tone = INK if whole_request else RED
         svg.line(x1 + 2, y_parsed, x2 - 2, y_parsed, tone, 2.5)
         svg.line(x1 + 2, y_parsed - 8, x1 + 2, y_parsed, tone, 2.5)
@@ -508,11 +516,8 @@ def draw_headline(recorder):
             wrong = client not in requesters or len(requesters) > 1
             rows.append(("arrow", "NaiveProxy", client, piece, asked, wrong,
                          how.format(client) + (f": {asked} asked for it" if wrong else "")))
-    sent = {}
-    for name, data in recorder.of_kind("sent"):
-        sent[name] = sent.get(name, b"") + data
     for name, data in recorder.of_kind("received"):
-        expected = b"".join(answer(line) for line in sent.get(name, b"").split(b"\n")[:-1])
+        expected = b"".join(answer(line) for line in lines_sent(recorder, name))
         rows.append(("note", name, f"{name} received {len(data)} bytes", name, data != expected))
     top = y + 30
     bottom = top + row * (len(rows) + 1)
