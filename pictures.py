@@ -34,6 +34,7 @@ import contextlib
 import io
 import socket
 import sys
+import textwrap
 import threading
 from pathlib import Path
 from xml.sax.saxutils import escape
@@ -60,7 +61,7 @@ class Recorder:
         self.events = []                 # (kind, ...) tuples in the order they were logged
         self.names = {}                  # a demo client's socket address -> its name ("A")
         self.thread = threading.local()  # per-thread notes, e.g. the client a handler serves
-        self.turns = threading.Condition()   # guards turns_taken; see take_turns()
+        self.turns = threading.Condition()   # guards turns_taken; see wait_for_turn()
         self.turns_taken = 0
         self._log_lock = threading.Lock()
         self._undo = contextlib.ExitStack()
@@ -97,7 +98,8 @@ class Recorder:
         return self.names.get(sock.getpeername(), "?")
 
     def wait_for_turn(self, turn, what):
-        """Block until `turn` turns have been taken (see take_turn)."""
+        """Block until `turn` turns have been taken: scaffolding that lets threads which
+        would race go one at a time, in an order the caller fixes (see record_release)."""
         with self.turns:
             if not self.turns.wait_for(lambda: self.turns_taken >= turn, Hooks.hook_timeout):
                 raise TimeoutError(f"gave up waiting for {what}: {self.turns_taken} turns taken")
@@ -399,6 +401,12 @@ def deliveries(recorder):
     return result
 
 
+def lines_sent(recorder, client):
+    """The request lines a client meant: everything it sent, end to end, cut at each b"\\n"."""
+    stream = b"".join(data for name, data in recorder.of_kind("sent") if name == client)
+    return stream.split(b"\n")[:-1]
+
+
 # --- 1. interleave.svg --------------------------------------------------------------
 
 CELL = 30   # a byte's width in the strip
@@ -435,14 +443,16 @@ def draw_interleave(recorder):
             position += 1
     svg.text(left, y_strip + 54, "\u2423 is a space;  \\n ends a line: the upstream parses a request "
              "at each one", 12, MUTED)
+    meant = "; ".join(f"{client} meant " + ", ".join(f"'{line.decode()}'" for line in lines_sent(recorder, client))
+                      for client in dict.fromkeys(owner for owner, _ in forwarded))
+    svg.text(left, y_strip + 72, meant, 12, INK)
     # what the upstream parsed: a bracket under each request, up to and including its b"\n"
-    y_parsed = y_strip + 84
+    y_parsed = y_strip + 102
     position = 0
     for index, (line, senders) in enumerate(requests):
         x1 = left + position * CELL
         x2 = x1 + (len(line) + 1) * CELL
-        whole_request = len(senders) == 1 and any(
-            sent == line.encode() + b"\n" for name, sent in recorder.of_kind("sent") if name == senders[0])
+        whole_request = len(senders) == 1 and line.encode() in lines_sent(recorder, senders[0])
         tone = INK if whole_request else RED
         svg.line(x1 + 2, y_parsed, x2 - 2, y_parsed, tone, 2.5)
         svg.line(x1 + 2, y_parsed - 8, x1 + 2, y_parsed, tone, 2.5)
@@ -506,11 +516,8 @@ def draw_headline(recorder):
             wrong = client not in requesters or len(requesters) > 1
             rows.append(("arrow", "NaiveProxy", client, piece, asked, wrong,
                          how.format(client) + (f": {asked} asked for it" if wrong else "")))
-    sent = {}
-    for name, data in recorder.of_kind("sent"):
-        sent[name] = sent.get(name, b"") + data
     for name, data in recorder.of_kind("received"):
-        expected = b"".join(answer(line) for line in sent.get(name, b"").split(b"\n")[:-1])
+        expected = b"".join(answer(line) for line in lines_sent(recorder, name))
         rows.append(("note", name, f"{name} received {len(data)} bytes", name, data != expected))
     top = y + 30
     bottom = top + row * (len(rows) + 1)
@@ -783,18 +790,405 @@ def draw_release(recorder):
     return svg
 
 
+# --- Part two: the managed layer ------------------------------------------------------
+
+def record_managed(scenario):
+    """Run a managed_demo.py scenario; return the Recorder and what it printed.
+
+    Logged, in the order the scenario's hooks and virtual clock impose (each client's
+    events under its own lock):
+      client (late_replies, fatal)          a ManagedClient is made; its connections count from 1
+      sent (t, connection, call, queue)     a request is queued and about to be written
+      timeout (t, connection, call, queue, ended)
+                                            a call's deadline passed; the queue after it
+      reply (t, connection, reply, settled, abandoned, queue, ended)
+                                            a reply line arrived; the call it settled, if any
+      move (t, before, after, reason)       the client's state changed
+      set (names, policy, cache policy, threshold)
+                                            a ManagedSet is made: its services named A, B ...
+      shut down ()                          a client or a set shuts down: the scenario's cleanup
+      call (t, request) / answered (reply,) a ManagedSet call begins / returns
+      enabled (service, yes)                pick() asked the cache about a service
+      attempt (t, number, service, result)  an attempt ended (the set's on_event)
+      disabled (service, start, end, reason) the cache opened a window
+      stopped / restarted (t, service)      an upstream stopped or came back
+    A queue is the calls owed on the connection, oldest first, as (call, abandoned).
+    """
+    recorder = Recorder()
+    state = {"connections": {}, "labels": {}, "clock": None, "names": {}}
+
+    def connection_number(connection):
+        return state["connections"].setdefault(connection, len(state["connections"]) + 1)
+
+    def queue(connection):
+        return tuple((state["labels"].get(call, "?"), call.abandoned) for call in connection.owed)
+
+    def wrap_client_init(original):
+        def __init__(client, addr, **options):
+            original(client, addr, **options)
+            state["connections"] = {}
+            recorder.log("client", client.late_replies, client.msg_timeout_is_fatal)
+        return __init__
+
+    def wrap_send(original):
+        def _send(client, connection, call, request, *args, **options):
+            state["labels"][call] = request.decode().rstrip("\n")
+            recorder.thread.connection = connection
+            return original(client, connection, call, request, *args, **options)
+        return _send
+
+    def wrap_client_count(original):
+        def count(client, name, amount=1):
+            if name == "sent":   # under the client's lock, just after the call was queued
+                connection = recorder.thread.connection
+                recorder.log("sent", client.clock.now(), connection_number(connection),
+                             state["labels"][connection.owed[-1]], queue(connection))
+            original(client, name, amount)
+        return count
+
+    def wrap_time_out(original):
+        def _time_out(client, connection, call, *args, **options):
+            try:
+                return original(client, connection, call, *args, **options)
+            finally:
+                recorder.log("timeout", client.clock.now(), connection_number(connection),
+                             state["labels"][call], queue(connection), connection.ended)
+        return _time_out
+
+    def wrap_deliver(original):
+        def _deliver(client, connection, reply, *args, **options):
+            oldest = connection.owed[0] if connection.owed and not connection.ended else None
+            settled = state["labels"].get(oldest) if oldest else None
+            abandoned = oldest.abandoned if oldest else False
+            result = original(client, connection, reply, *args, **options)
+            recorder.log("reply", client.clock.now(), connection_number(connection), reply, settled,
+                         abandoned, queue(connection), connection.ended)
+            return result
+        return _deliver
+
+    def wrap_move(original):
+        def _move(client, new_state, reason, *args, **options):
+            recorder.log("move", client.clock.now(), client.state, new_state, reason)
+            return original(client, new_state, reason, *args, **options)
+        return _move
+
+    def wrap_set_init(original):
+        def __init__(managed_set, services, **options):
+            original(managed_set, services, **options)
+            state["clock"] = managed_set.clock
+            state["names"] = {addr: demo.CLIENT_NAMES[index] for index, (addr, _) in enumerate(services)}
+            cache = managed_set.rcache
+            recorder.log("set", tuple(state["names"].values()), managed_set.policy, cache.setting("policy"),
+                         cache.setting("threshold"))
+        return __init__
+
+    def wrap_shut_down(original):
+        def shut_down(client_or_set, *args, **options):
+            recorder.log("shut down")
+            return original(client_or_set, *args, **options)
+        return shut_down
+
+    def wrap_call(original):
+        def call(managed_set, request, *args, **options):
+            recorder.log("call", managed_set.clock.now(), request)
+            reply = original(managed_set, request, *args, **options)
+            recorder.log("answered", reply)
+            return reply
+        return call
+
+    def wrap_pick(original):
+        def pick(managed_set, *args, **options):
+            recorder.thread.picking = True
+            try:
+                return original(managed_set, *args, **options)
+            finally:
+                recorder.thread.picking = False
+        return pick
+
+    def wrap_is_enabled(original):
+        def is_enabled(cache, addr, *args, **options):
+            enabled = original(cache, addr, *args, **options)
+            if getattr(recorder.thread, "picking", False):
+                recorder.log("enabled", state["names"].get(addr, "?"), enabled)
+            return enabled
+        return is_enabled
+
+    def wrap_note(original):
+        def _note(managed_set, *event):
+            if event[0] == "attempt":
+                _, number, index, result = event
+                name = demo.CLIENT_NAMES[index] if index is not None else "-"
+                recorder.log("attempt", managed_set.clock.now(), number, name, result)
+            original(managed_set, *event)
+        return _note
+
+    def wrap_cache_count(original):
+        def count(cache, name, amount=1):
+            if name == "disables":
+                key, start, end, reason = amount
+                recorder.log("disabled", state["names"].get(key, str(key)), start, end, reason)
+            original(cache, name, amount)
+        return count
+
+    def wrap_upstream_event(kind):
+        def make(original):
+            def change(upstream):
+                name = state["names"].get(upstream.addr)
+                running = not upstream.closed
+                if name and running == (kind == "stopped"):   # a change, not a repeated close()
+                    recorder.log(kind, state["clock"].now(), name)
+                original(upstream)
+            return change
+        return make
+
+    with recorder:
+        recorder.wrap(managed.ManagedClient, "__init__", wrap_client_init)
+        recorder.wrap(managed.ManagedClient, "_send", wrap_send)
+        recorder.wrap(managed.ManagedClient, "count", wrap_client_count)
+        recorder.wrap(managed.ManagedClient, "_time_out", wrap_time_out)
+        recorder.wrap(managed.ManagedClient, "_deliver", wrap_deliver)
+        recorder.wrap(managed.ManagedClient, "_move", wrap_move)
+        recorder.wrap(managed.ManagedSet, "__init__", wrap_set_init)
+        recorder.wrap(managed.ManagedSet, "shut_down", wrap_shut_down)
+        recorder.wrap(managed.ManagedClient, "shut_down", wrap_shut_down)
+        recorder.wrap(managed.ManagedSet, "call", wrap_call)
+        recorder.wrap(managed.ManagedSet, "pick", wrap_pick)
+        recorder.wrap(managed.ManagedSet, "_note", wrap_note)
+        recorder.wrap(managed.ReliabilityCache, "is_enabled", wrap_is_enabled)
+        recorder.wrap(managed.ReliabilityCache, "count", wrap_cache_count)
+        recorder.wrap(managed_demo.FaultyUpstream, "close", wrap_upstream_event("stopped"))
+        recorder.wrap(managed_demo.FaultyUpstream, "restart", wrap_upstream_event("restarted"))
+        _, printed = run_quietly(scenario)
+    return recorder, printed
+
+
+# --- 4. dirty-return.svg ---------------------------------------------------------------
+
+NOTE_WIDTH = 30   # characters per line of a step's notes
+
+def variants(recorder):
+    """The events of each ManagedClient the scenario made, in order, after its `client` event."""
+    found, collecting = [], False
+    for event in recorder.events:
+        if event[0] == "client":
+            found.append((event[1:], []))
+            collecting = True
+        elif event[0] == "shut down":
+            collecting = False
+        elif collecting and event[0] in ("sent", "timeout", "reply", "move"):
+            found[-1][1].append(event)
+    return found
+
+
+def variant_title(late_replies, fatal):
+    if fatal:
+        return "msg_timeout_is_fatal=True: the timed-out call's connection is destroyed"
+    if late_replies == "forget":
+        return 'late_replies="forget" (the bug): the timed-out call leaves the queue'
+    return "the default: the timed-out call stays owed, its late reply is discarded"
+
+
+def short(call):
+    """A call as the steps name it: GET apple -> apple."""
+    return call.split(" ", 1)[-1]
+
+
+def queued(call, abandoned):
+    """A call in the owed queue as its box shows it."""
+    return short(call) + (" (abandoned)" if abandoned else "")
+
+
+def dirty_steps(events):
+    """One client's events as steps: (header, what happened, tone, connection, queue, notes).
+
+    A state change is logged before the step it belongs to (the timeout or reply
+    that caused it is logged once handled, the connect before the send), so each
+    change is noted under the next step."""
+    steps, notes = [], []
+    for event in events:
+        kind, now = event[0], event[1]
+        if kind == "move":
+            before, after, reason = event[2:]
+            if after == "up":
+                notes.append("a connection opens")
+            elif after != "connecting":   # connecting is on the way to up, or to a failure that says why
+                notes.append(f"{before} -> {after}: {reason}")
+            continue
+        if kind == "sent":
+            _, _, connection, call, owed = event
+            steps.append((f"t={now}s  {call} sent", "", INK, connection, owed, notes))
+        elif kind == "timeout":
+            _, _, connection, call, owed, ended = event
+            what = "its connection is destroyed" if ended else (
+                "it stays owed, abandoned" if any(label == call for label, _ in owed) else "it leaves the queue")
+            steps.append((f"t={now}s  {call} times out", what, INK, connection, None if ended else owed, notes))
+        elif kind == "reply":
+            _, _, connection, reply, settled, abandoned, owed, ended = event
+            if settled is None:
+                what, tone = "no call is owed it", INK
+            elif abandoned:
+                what, tone = f"discarded: {short(settled)} gave up", GREEN
+            else:
+                right = reply == answer(settled.encode())
+                what, tone = f"handed to {short(settled)}" + ("" if right else ": WRONG"), GREEN if right else RED
+            steps.append((f"reply {visible(reply)}", what, tone, connection, None if ended else owed, notes))
+        notes = []
+    return steps
+
+
+def draw_dirty_return(recorder):
+    title = "Part two, scenario 1: the dirty return, a timed-out call's late reply"
+    svg = Svg(title)
+    y = heading(svg, [title, "one client per rule, on the virtual clock; under each step, the calls "
+                             "its connection owes, oldest first"])
+    left = 16
+    steps_per_variant = [(options, dirty_steps(events)) for options, events in variants(recorder)]
+    widest = max(max(text_width(header, 12), text_width(what, 12),
+                     *[text_width(line, 11) for note in notes for line in textwrap.wrap(note, NOTE_WIDTH)],
+                     sum(text_width(queued(label, abandoned), 12) + 14 for label, abandoned in owed or ()))
+                 for _, steps in steps_per_variant for header, what, _, _, owed, notes in steps)
+    column = widest + 16 + 30
+    for (late_replies, fatal), steps in steps_per_variant:
+        y += 16
+        svg.text(left, y, variant_title(late_replies, fatal), 14, INK, bold=True)
+        y += 14
+        lines_of_notes = max(len(lines) for lines in [[line for note in step[5]
+                             for line in textwrap.wrap(note, NOTE_WIDTH)] for step in steps])
+        height = 112 + lines_of_notes * 14
+        for index, (header, what, tone, connection, owed, notes) in enumerate(steps):
+            x = left + index * column
+            if index:
+                svg.arrow(x - 22, y + 50, x - 8, y + 50, FAINT, 1.5, head=6)
+            wrong = tone == RED
+            svg.rect(x, y, column - 30, height, RED_FILL if wrong else "#fafafa", RED if wrong else FAINT,
+                     2.5 if wrong else 1, radius=4)
+            svg.text(x + 8, y + 18, header, 12, RED if wrong else INK, bold=True)
+            svg.text(x + 8, y + 36, what, 12, tone, bold=tone != INK)
+            svg.text(x + 8, y + 60, f"owed on connection {connection}:", 11, MUTED)
+            if owed is None:
+                svg.text(x + 8, y + 82, "(connection gone)", 12, MUTED)
+            elif not owed:
+                svg.text(x + 8, y + 82, "(nothing)", 12, MUTED)
+            box_x = x + 8
+            for label, abandoned in owed or ():
+                shown = queued(label, abandoned)
+                width = text_width(shown, 12) + 10
+                svg.rect(box_x, y + 67, width, 22, "#eeeeee" if abandoned else "#fff8dc",
+                         MUTED, 1, dash="3 3" if abandoned else None, radius=3)
+                svg.text(box_x + 5, y + 82, shown, 12, MUTED if abandoned else INK)
+                box_x += width + 4
+            lines = [line for note in notes for line in textwrap.wrap(note, NOTE_WIDTH)]
+            for number_of_line, line in enumerate(lines):
+                svg.text(x + 8, y + 108 + number_of_line * 14, line, 11, MUTED)
+        y += height + 20
+    svg.legend(left, y + 8, [("a call owed", "#fff8dc", MUTED), ("abandoned: timed out, reply still owed",
+                              "#eeeeee", MUTED), ("red: a reply handed to the wrong call", RED_FILL, RED)])
+    return svg
+
+
+# --- 5. failover-windows.svg -----------------------------------------------------------
+
+SECOND = 140   # pixels per second of virtual time
+
+
+def draw_failover(recorder):
+    title = "Part two, scenario 4: failover with a reliability cache, on the virtual clock"
+    svg = Svg(title)
+    events = recorder.events[:[e[0] for e in recorder.events].index("shut down")]   # not the cleanup
+    _, names, policy, cache_policy, threshold = next(e for e in events if e[0] == "set")
+    y = heading(svg, [title, f"policy {policy} over {' and '.join(names)}; reliability cache: policy "
+                             f"{cache_policy}, threshold {threshold}"])
+    disables = [e[1:] for e in events if e[0] == "disabled"]
+    calls = []   # (t, [(service, result or None if skipped)])
+    for event in events:
+        if event[0] == "call":
+            calls.append((event[1], []))
+        elif event[0] == "enabled" and calls and not event[2]:
+            calls[-1][1].append((event[1], None))
+        elif event[0] == "attempt" and calls:
+            calls[-1][1].append((event[3], event[4]))
+    end = max([e[2] for e in disables] + [t for t, _ in calls])
+    left, top = 170, y + 20
+
+    def x_of(seconds):
+        return left + seconds * SECOND
+
+    # the time axis
+    svg.line(left, top, x_of(end), top, INK, 1.5)
+    for second in range(int(end) + 1):
+        svg.line(x_of(second), top - 4, x_of(second), top + 4, INK, 1.5)
+        svg.text(x_of(second), top - 10, f"{second}s", 12, INK, "middle")
+    # A's life: stopped, then running again
+    y_life = top + 36
+    svg.text(16, y_life + 4, "A, the upstream", 12, INK, bold=True)
+    stops = [(e[1], e[2]) for e in events if e[0] == "stopped"]
+    starts = [(e[1], e[2]) for e in events if e[0] == "restarted"]
+    for (stopped_at, name), (started_at, _) in zip(stops, starts + [(end, None)]):
+        svg.rect(x_of(stopped_at), y_life - 10, (started_at - stopped_at) * SECOND, 18, "#eeeeee", MUTED, 1,
+                 dash="4 3")
+        svg.text(x_of(stopped_at) + 6, y_life + 4, "stopped: refuses connections", 11, MUTED)
+        if name and started_at < end:
+            svg.text(x_of(started_at) + 6, y_life + 4, f"restarted at t={started_at}s", 11, GREEN, bold=True)
+    # A's disable windows
+    y_windows = y_life + 40
+    svg.text(16, y_windows + 4, "A disabled", 12, RED, bold=True)
+    for _, start, stop, reason in disables:
+        svg.rect(x_of(start) + 1, y_windows - 12, (stop - start) * SECOND - 2, 22, RED_FILL, RED, 1.5, radius=3)
+        svg.text(x_of(start) + 6, y_windows + 3, f"{start}-{stop}s: {stop - start}s", 11, RED, bold=True)
+        svg.text(x_of(start) + 6, y_windows + 26, reason.split(",")[0], 11, RED)
+    # each call, its attempts in order, at the time it was made
+    y_row = y_windows + 58
+    svg.text(16, y_row - 4, "each GET k", 12, INK, bold=True)
+    results = []
+    for t, tried in calls:
+        y_row += 28
+        svg.line(x_of(t), top, x_of(t), y_row - 14, FAINT, 1, dash="2 3")
+        svg.text(x_of(t) - 8, y_row, f"t={t}s", 11, MUTED, "end")
+        x = x_of(t)
+        for name, result in tried:
+            if result is None:
+                label, fill, stroke = f"{name} skipped: disabled", "#eeeeee", MUTED
+            elif result == "ok":
+                label, fill, stroke = f"{name} ok", "#e3f1e4", GREEN
+            else:
+                kind = result.split(":")[0]
+                label, fill, stroke = f"{name} {kind}", RED_FILL, RED
+                if result not in results:
+                    results.append(result)
+            width = text_width(label, 11) + 10
+            svg.rect(x, y_row - 13, width, 18, fill, stroke, 1.2, radius=3)
+            svg.text(x + 5, y_row, label, 11, stroke)
+            x += width + 6
+    y_legend = y_row + 34
+    for result in results:
+        svg.text(16, y_legend, result, 11, RED)
+        y_legend += 18
+    svg.legend(16, y_legend + 8, [("A disabled by the cache", RED_FILL, RED), ("an attempt that failed",
+                                   RED_FILL, RED), ("an attempt answered", "#e3f1e4", GREEN),
+                                   ("skipped by pick(): disabled", "#eeeeee", MUTED)])
+    return svg
+
+
 # --- the pictures, and the command line ------------------------------------------------
 
-PICTURES = {
-    "interleave.svg": lambda: draw_interleave(record_naive_relay(demo.interleave)[0]),
-    "headline.svg": lambda: draw_headline(record_naive_relay(demo.headline)[0]),
-    "release.svg": lambda: draw_release(record_release()),
+PICTURES = {   # file name -> (run the scenario: (Recorder, what it printed), draw from the Recorder)
+    "interleave.svg": (lambda: record_naive_relay(demo.interleave), draw_interleave),
+    "headline.svg": (lambda: record_naive_relay(demo.headline), draw_headline),
+    "release.svg": (lambda: (record_release(), ""), draw_release),
+    "dirty-return.svg": (lambda: record_managed(managed_demo.dirty_return), draw_dirty_return),
+    "failover-windows.svg": (lambda: record_managed(managed_demo.failover), draw_failover),
 }
 
 
-def render_all():
-    """Run every picture's scenario; return {file name: SVG text}."""
-    return {name: make().render() for name, make in PICTURES.items()}
+def record_all():
+    """Run every picture's scenario once; return {file name: (Recorder, what it printed)}."""
+    return {name: record() for name, (record, _) in PICTURES.items()}
+
+
+def render_all(runs=None):
+    """Draw every picture from `runs` (record_all() if not given); return {file name: SVG text}."""
+    runs = runs or record_all()
+    return {name: draw(runs[name][0]).render() for name, (_, draw) in PICTURES.items()}
 
 
 def main(argv=None):
