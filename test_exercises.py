@@ -30,7 +30,7 @@ import pytest
 from test_commentary import MODULE, contiguous_at, fenced_blocks, text
 
 HERE = Path(__file__).parent
-COPIED = ["*.py", "transcripts/*.txt"]
+COPIED = ["*.py", "*.ini", "*.cfg", "*.toml", "transcripts/*.txt"]   # what a run needs
 HOOK_TIMEOUT = re.compile(r"^(\s*hook_timeout = )[\d.]+", re.M)
 SHORT_HOOK_TIMEOUT = "2.0"   # scaffolding: a missing event is reported in 2 s, not 10
 COMMAND = re.compile(r"`((?:python3|\.venv/bin/python) (?:demo\.py|-m pytest)[^`]*)`"
