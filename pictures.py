@@ -341,8 +341,8 @@ def record_naive_relay(scenario):
 
         def wrap_count(original):
             def count(server, name, amount=1):
-                if name == "requests":
-                    recorder.log("parsed", amount)
+                if name == "requests":   # bumped just after the line joins `parsed`
+                    recorder.log("parsed", server.parsed[-1])
                 original(server, name, amount)
             return count
 
@@ -394,7 +394,9 @@ def deliveries(recorder):
         for chunk, clients in chunks:
             low, high = max(start, position), min(end, position + len(chunk))
             if low < high:
-                pieces.extend((client, chunk[low - position:high - position]) for client in clients)
+                # copies of one chunk in name order: route()'s list is in the racy order
+                # the handler threads registered their clients in
+                pieces.extend((client, chunk[low - position:high - position]) for client in sorted(clients))
             position += len(chunk)
         result.append((data, pieces))
         start = end
@@ -603,8 +605,8 @@ def record_release():
         return checkout
 
     def wrap_read_reply(original):
-        def read_reply(proxy, connection):
-            reply, rest = original(proxy, connection)
+        def read_reply(proxy, *args, **options):
+            reply, rest = original(proxy, *args, **options)
             recorder.log("read", recorder.thread.exchange, recorder.thread.client, reply)
             return reply, rest
         return read_reply
@@ -619,10 +621,10 @@ def record_release():
         return count
 
     def wrap_checkin(original):
-        def checkin(proxy, connection, finished):
+        def checkin(proxy, *args, **options):
             timeout = proxy.release_timeout if proxy.release == "timeout" else None
             recorder.log("checkin", recorder.thread.exchange, recorder.thread.client, timeout)
-            original(proxy, connection, finished)
+            original(proxy, *args, **options)
         return checkin
 
     def wrap_reply(original):
@@ -644,7 +646,7 @@ def record_release():
                 pause(number)
                 if trial["release"] == "timeout":   # scaffolding: see the docstring
                     wanted = min(number + 1, len(recorder.names))
-                    upstream.wait_until(lambda: len(upstream.requests) >= wanted or upstream.closed,
+                    upstream.wait_until(lambda: upstream.level("requests") >= wanted or upstream.closed,
                                         f"request {wanted} before reply {number}'s tail")
                 data = recorder.thread.reply
                 recorder.log("wrote", number, data[upstream.split_at or 0:], "tail")
