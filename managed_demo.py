@@ -70,9 +70,8 @@ class FaultyUpstream(Upstream):
         with self._lock:
             if not self.closed:
                 raise RuntimeError("restart() follows close()")
-            self._listener = socket.create_server(self.addr, backlog=1024)
             self._sockets, self.closed = set(), False
-        self._acceptor = self.spawn(self._accept_loop)
+        self.listen(self.addr)
 
 
 # --- the demo's helpers ---------------------------------------------------------
@@ -205,7 +204,7 @@ def initial_ping():
                 clock.advance(1.0)
             for request, call in zip(("GET secret", "GET other"), calls):
                 print(f"  {request:<10} -> {call.result()}")
-            first, *rest = upstream.requests   # the two calls may go in either order
+            first, *rest = upstream.parsed   # the two calls may go in either order
             print(f"  the upstream received: {', '.join([first] + sorted(rest))}")
             print(f"  errors counted: {client.errors}")
             client.shut_down()
@@ -251,7 +250,7 @@ def balance_load():
                 upstream.release()
             good = sum(call.result() == "burst=BBBBBBBBBBBB" for call in calls)
             print(f"{policy}: 9 calls at once, 3 upstreams of 3 connections: {good}/9 right")
-            print(f"  calls per upstream:       {[len(upstream.requests) for upstream in upstreams]}")
+            print(f"  calls per upstream:       {[upstream.requests for upstream in upstreams]}")
             print(f"  connections per upstream: {[upstream.connections for upstream in upstreams]}")
             managed_set.shut_down()
 
@@ -267,7 +266,7 @@ def back_pressure():
             for request, call in zip(("GET a", "GET b"), held):
                 print(f"  {request} -> {call.result()[0]}")
             print(f"  refused at once: {proxy.managed_set.refusals}; "
-                  f"requests that reached the upstream: {len(upstream.requests)}")
+                  f"requests that reached the upstream: {upstream.requests}")
 
 
 def pipelining():

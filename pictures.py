@@ -136,6 +136,7 @@ CLIENT_COLOURS = {   # name -> (fill, stroke); the same client has the same colo
     "A": ("#dbe8f7", "#1f5fa8"),
     "B": ("#fde3cc", "#b85c00"),
     "C": ("#e4dcf3", "#5b3a9e"),
+    "nobody": (RED_FILL, RED),   # bytes no request asked for
 }
 
 
@@ -244,7 +245,7 @@ class Svg:
         width, height = number(self.right + margin), number(self.bottom + margin)
         return "\n".join([
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" font-family="{FONT}">',
+            f'viewBox="0 0 {width} {height}" font-family="{FONT}" xml:space="preserve">',
             f"<title>{escape(self.title)}</title>",
             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
             *self.parts,
@@ -341,8 +342,8 @@ def record_naive_relay(scenario):
 
         def wrap_count(original):
             def count(server, name, amount=1):
-                if name == "requests":
-                    recorder.log("parsed", amount)
+                if name == "requests":   # bumped just after the line joins `parsed`
+                    recorder.log("parsed", server.parsed[-1])
                 original(server, name, amount)
             return count
 
@@ -394,7 +395,9 @@ def deliveries(recorder):
         for chunk, clients in chunks:
             low, high = max(start, position), min(end, position + len(chunk))
             if low < high:
-                pieces.extend((client, chunk[low - position:high - position]) for client in clients)
+                # copies of one chunk in name order: route()'s list is in the racy order
+                # the handler threads registered their clients in
+                pieces.extend((client, chunk[low - position:high - position]) for client in sorted(clients))
             position += len(chunk)
         result.append((data, pieces))
         start = end
@@ -552,31 +555,51 @@ def draw_headline(recorder):
     return svg
 
 
-# --- 3. release.svg -------------------------------------------------------------------
+# --- 3 and 6. release.svg and dishonest.svg: a pool's connection, borrow by borrow -------
 
-SHOWN_EXCHANGES = 3   # borrowers drawn per trial; the trial's total is printed under them
+SHOWN_EXCHANGES = 3   # borrows drawn per release trial; the trial's total is printed under them
+NOBODY = "nobody"     # the owner of bytes no request asked for
 
 
-def record_release():
-    """Run scenario 6's two paused-reply trials, framed then timeout; return the Recorder.
+def record_pool(scenario, trial_function, label_of, in_name_order=False):
+    """Run a FramedProxy scenario of demo.py; return the Recorder and what it printed.
 
-    Logged, each event but the first and last tagged with its exchange number k
-    (the k-th checkout, which the upstream answers with its k-th reply):
-      trial (release,)               a trial begins
-      borrowed (k, client, request)  checkout() lent the one connection for this request
-      wrote (k, data, part)          the upstream is about to write "first" part or "tail" of reply k
-      partial (k,)                   the framed reader holds bytes but no \\n and reads again
-      read (k, client, reply)        read_reply() is done: what the client will be sent
-      checkin (k, client, timeout)   the connection goes back (timeout: the release_timeout, if any)
-      right (release, count, total)  the trial's right answers, as release_trial() counts them
+    `trial_function` names the demo function that runs one trial; label_of(its
+    arguments) names the trial. Logged, each event but the first and last tagged
+    with its exchange number k (the k-th checkout, answered by the upstream's k-th reply):
+      trial (label,)                      a trial begins
+      borrowed (k, client, request, n)    checkout() lent connection n (counted from 1) for this request
+      wrote (k, n, data, honest, part)    the upstream is about to write `data` on connection n, of which
+                                          `honest` is the reply it was asked for; part is "first" or
+                                          "rest" (the reply's remainder, or all of it)
+      partial (k,)                        the framed reader holds bytes but no end of reply, and reads on
+      read (k, client, reply, n)          read_reply() is done: what the client will be sent
+      checkin (k, client, outcome, n, timeout)
+                                          the connection goes back ("released") or is closed ("dirty",
+                                          "discarded"); timeout: the release_timeout, if the rule is timeout
+      trial end (label, result)           what the trial function returned
 
-    Two pieces of scaffolding fix what the demo leaves to the scheduler, neither of
-    which changes a count: borrowers take the connection in name order (A, B, C ...),
-    and under the timeout rule the upstream writes reply k's tail once request k+1
-    is in, so the tail and reply k+1's first part reach the next borrower together.
+    Scaffolding that fixes what a demo leaves to the scheduler, changing no count:
+    with in_name_order, borrowers take the connection in name order (A, B, C ...);
+    and under the timeout rule the upstream writes reply k's rest once request k+1
+    is in, so that rest and reply k+1's first part reach the next borrower together.
     """
     recorder = Recorder()
-    trial = {}   # this trial's release rule, upstream, and per-exchange notes
+    trial = {}   # this trial's counts and the connections' numbers
+
+    def wrap_trial(original):
+        def run_trial(*args):
+            trial.update(borrows=0, replies=0, partial=set(), numbers={}, release="framed")
+            recorder.names.clear()
+            recorder.turns_taken = 0
+            recorder.log("trial", label_of(*args))
+            result = original(*args)
+            recorder.log("trial end", label_of(*args), result if isinstance(result, int) else None)
+            return result
+        return run_trial
+
+    def connection_number(address):
+        return trial["numbers"].setdefault(address, len(trial["numbers"]) + 1)
 
     def wrap_handle(original):
         def handle(proxy, conn):
@@ -594,18 +617,22 @@ def record_release():
     def wrap_checkout(original):
         def checkout(proxy):
             client = recorder.thread.client
-            recorder.wait_for_turn(demo.CLIENT_NAMES.index(client), f"{client}'s turn to borrow")
-            connection = original(proxy)
+            if in_name_order:
+                recorder.wait_for_turn(demo.CLIENT_NAMES.index(client), f"{client}'s turn to borrow")
+            sock = original(proxy)
+            trial["release"] = proxy.release
             recorder.thread.exchange = trial["borrows"] = trial["borrows"] + 1
-            recorder.log("borrowed", trial["borrows"], client, recorder.thread.request)
+            recorder.log("borrowed", trial["borrows"], client, recorder.thread.request,
+                         connection_number(sock.getsockname()))
             recorder.take_turn()
-            return connection
+            return sock
         return checkout
 
     def wrap_read_reply(original):
-        def read_reply(proxy, connection):
-            reply, rest = original(proxy, connection)
-            recorder.log("read", recorder.thread.exchange, recorder.thread.client, reply)
+        def read_reply(proxy, sock, *args, **options):
+            reply, rest = original(proxy, sock, *args, **options)
+            recorder.log("read", recorder.thread.exchange, recorder.thread.client, reply,
+                         connection_number(sock.getsockname()))
             return reply, rest
         return read_reply
 
@@ -619,19 +646,28 @@ def record_release():
         return count
 
     def wrap_checkin(original):
-        def checkin(proxy, connection, finished):
+        def checkin(proxy, sock, outcome, *args, **options):
             timeout = proxy.release_timeout if proxy.release == "timeout" else None
-            recorder.log("checkin", recorder.thread.exchange, recorder.thread.client, timeout)
-            original(proxy, connection, finished)
+            recorder.log("checkin", recorder.thread.exchange, recorder.thread.client, outcome,
+                         connection_number(sock.getsockname()), timeout)
+            original(proxy, sock, outcome, *args, **options)
         return checkin
+
+    def wrap_dishonest_reply(original):
+        def reply(upstream, conn, data, *args, **options):
+            recorder.thread.honest = data   # what it was asked to write; Upstream.reply sees the rest
+            original(upstream, conn, data, *args, **options)
+        return reply
 
     def wrap_reply(original):
         def reply(upstream, conn, data):
             trial["replies"] += 1
-            recorder.thread.reply = data
+            honest = getattr(recorder.thread, "honest", None) or data   # set just now, or not at all
+            recorder.thread.honest = None
+            recorder.thread.reply = (connection_number(conn.getpeername()), data, honest)
             cut = upstream.split_at or 0
             if cut:
-                recorder.log("wrote", trial["replies"], data[:cut], "first")
+                recorder.log("wrote", trial["replies"], recorder.thread.reply[0], data[:cut], honest[:cut], "first")
             original(upstream, conn, data)
         return reply
 
@@ -640,19 +676,21 @@ def record_release():
             original(upstream, *args, **options)
             pause = upstream.pause
 
-            def pause_then_log_the_tail(number):
+            def pause_then_log_the_rest(number):
                 pause(number)
                 if trial["release"] == "timeout":   # scaffolding: see the docstring
                     wanted = min(number + 1, len(recorder.names))
-                    upstream.wait_until(lambda: len(upstream.requests) >= wanted or upstream.closed,
-                                        f"request {wanted} before reply {number}'s tail")
-                data = recorder.thread.reply
-                recorder.log("wrote", number, data[upstream.split_at or 0:], "tail")
-            upstream.pause = pause_then_log_the_tail
+                    upstream.wait_until(lambda: upstream.level("requests") >= wanted or upstream.closed,
+                                        f"request {wanted} before reply {number}'s rest")
+                connection, data, honest = recorder.thread.reply
+                cut = upstream.split_at or 0
+                recorder.log("wrote", number, connection, data[cut:], honest[cut:], "rest")
+            upstream.pause = pause_then_log_the_rest
         return __init__
 
     with recorder:
         recorder.name_demo_clients()
+        recorder.wrap(demo, trial_function, wrap_trial)
         recorder.wrap(FramedProxy, "handle", wrap_handle)
         recorder.wrap(FramedProxy, "exchange", wrap_exchange)
         recorder.wrap(FramedProxy, "checkout", wrap_checkout)
@@ -661,116 +699,174 @@ def record_release():
         recorder.wrap(FramedProxy, "checkin", wrap_checkin)
         recorder.wrap(Upstream, "reply", wrap_reply)
         recorder.wrap(Upstream, "__init__", wrap_upstream_init)
+        if hasattr(demo, "DishonestUpstream"):
+            recorder.wrap(demo.DishonestUpstream, "reply", wrap_dishonest_reply)
+        _, printed = run_quietly(scenario)
+    return recorder, printed
+
+
+def record_release():
+    """Scenario 6's two paused-reply trials, framed then timeout, borrowers in name order."""
+    def both_paused_trials():
         for release in ("framed", "timeout"):
-            trial.update(release=release, borrows=0, replies=0, partial=set())
-            recorder.names.clear()
-            recorder.turns_taken = 0
-            recorder.log("trial", release)
-            right = demo.release_trial(release, True)
-            recorder.log("right", release, right, len(recorder.names))
-    return recorder
+            demo.release_trial(release, True)
+    return record_pool(both_paused_trials, "release_trial", lambda release, split: release, in_name_order=True)
 
 
-def trials(recorder):
-    """{release: (its events sorted by exchange, stably), (right, total)}."""
+KIND_ORDER = {"borrowed": 0, "wrote": 1, "partial": 2, "read": 3, "checkin": 4}
+
+
+def trials(recorder, by_kind=False):
+    """{trial label: (its events sorted by exchange, stably, result)}.
+
+    by_kind: within an exchange, draw borrow, write, read, checkin in that order,
+    which is always a causal order; use it when the upstream's write and the
+    proxy's read can race (a read served from leftover bytes waits for no write)."""
     found, current = {}, None
     for event in recorder.events:
         if event[0] == "trial":
-            current = found[event[1]] = []
-        elif event[0] == "right":
-            found[event[1]] = (sorted(current, key=lambda e: e[1]), event[2:])
-        else:
+            current = []
+        elif event[0] == "trial end":
+            key = (lambda e: (e[1], KIND_ORDER[e[0]])) if by_kind else (lambda e: e[1])
+            found[event[1]] = (sorted(current, key=key), event[2])
+        elif current is not None and event[0] in KIND_ORDER:
             current.append(event)
     return found
 
 
-def segments(writes, start, end):
-    """The (owner, bytes, write index) pieces of stream bytes start..end, cut at write boundaries."""
+def owned_writes(events):
+    """Each write as (exchange, connection, [(owner, bytes)]): the reply it was asked for
+    belongs to the borrower whose request it answers, anything else in it to nobody."""
+    borrower = {e[1]: e[2] for e in events if e[0] == "borrowed"}
+    return [(e[1], e[2], [(owner, data) for owner, data in ((borrower.get(e[1], "?"), e[4]),
+                                                            (NOBODY, e[3][len(e[4]):])) if data])
+            for e in events if e[0] == "wrote"]
+
+
+def pieces_of(writes, connection, start, end):
+    """The (owner, bytes, (write index, part), exchange) pieces of connection's stream bytes start..end."""
     pieces, position = [], 0
-    for index, (owner, data) in enumerate(writes):
-        low, high = max(start, position), min(end, position + len(data))
-        if low < high:
-            pieces.append((owner, data[low - position:high - position], index))
-        position += len(data)
+    for index, (exchange, on, parts) in enumerate(writes):
+        if on != connection:
+            continue
+        for part, (owner, data) in enumerate(parts):
+            low, high = max(start, position), min(end, position + len(data))
+            if low < high:
+                pieces.append((owner, data[low - position:high - position], (index, part), exchange))
+            position += len(data)
     return pieces
 
 
-def draw_release_panel(svg, left, top, release, events, right, total):
-    """One trial as a timeline running down the page; returns the panel's bottom."""
-    borrower = {e[1]: e[2] for e in events if e[0] == "borrowed"}
+def stream_length(writes, connection):
+    return sum(len(data) for _, on, parts in writes if on == connection for _, data in parts)
+
+
+CHECKIN_LABELS = {"released": "checkin", "dirty": "closed: out of step (dirty)", "discarded": "closed"}
+
+
+def draw_pool_panel(svg, left, top, rule, events, shown_exchanges):
+    """One trial as a timeline running down the page, from `top`; returns its bottom.
+
+    Columns: what the upstream writes, who holds the connection, what the borrower
+    gets. Bytes are coloured by the client whose request they answer; bytes a borrower
+    gets that answer another request (or none) are outlined in red, with an arrow
+    from the write that carried them."""
     requests = {e[1]: e[3] for e in events if e[0] == "borrowed"}
-    writes = [(borrower.get(e[1], "?"), e[2]) for e in events if e[0] == "wrote"]
-    shown = [e for e in events if e[1] <= SHOWN_EXCHANGES]
-    columns = {"upstream": left, "connection": left + 190, "gets": left + 360}
-    row = 30
-    if release == "framed":
-        rule = 'release="framed": the connection goes back after the reply\'s \\n'
-    else:
-        timeout = next(e[3] for e in events if e[0] == "checkin")
-        rule = f'release="timeout": it goes back after {timeout}s of silence'
+    writes = owned_writes(events)
+    # A write no borrower read a byte of is left out: the trial ended before it mattered,
+    # and whether it was written before the upstream closed is up to the scheduler.
+    read_writes, consumed = set(), {}
+    for _, _, _, reply, connection in (e for e in events if e[0] == "read"):
+        start = consumed.get(connection, 0)
+        consumed[connection] = start + len(reply)
+        read_writes.update(index for _, _, (index, _), _ in pieces_of(writes, connection, start, start + len(reply)))
+    several = len({e[4] for e in events if e[0] == "borrowed"}) > 1
+    columns = {"upstream": left, "connection": left + 250, "gets": left + 470}
     svg.text(left, top, rule, 14, INK, bold=True)
-    for name, x in columns.items():
-        label = {"upstream": "the upstream writes", "connection": "the connection",
-                 "gets": "the borrower gets"}[name]
-        svg.text(x, top + 26, label, 12, MUTED)
+    for name, label in (("upstream", "the upstream writes"), ("connection", "the connection"),
+                        ("gets", "the borrower gets")):
+        svg.text(columns[name], top + 26, label, 12, MUTED)
     y = top + 34
     first_part = len(svg.parts)   # the red arrows go under everything in the panel
-    write_index, read_position, write_rows, lease_top = 0, 0, {}, {}
-    silence_from = None
-    arrows = []
-    for event in shown:
-        y += row
+    write_index, read_at, write_ends, lease_top = 0, {}, {}, {}
+    silence_from, arrows = None, []
+    write_numbers = iter(range(len(writes)))
+    for event in (e for e in events if e[1] <= shown_exchanges):
         kind, k = event[0], event[1]
+        if kind == "wrote" and next(write_numbers) not in read_writes:
+            write_index += 1
+            continue
+        y += 30
         if kind == "borrowed":
-            client, request = event[2], event[3]
+            client, request, connection = event[2:]
             lease_top[k] = y - 18
             label = f"lent to {client}: {visible(request)}"
             svg.rect(columns["connection"] + 10, y - 14, text_width(label, 12) + 4, 18, "#ffffff")
-            svg.text(columns["connection"] + 12, y, f"lent to {client}: {visible(request)}", 12, INK)
+            svg.text(columns["connection"] + 12, y, label, 12, INK)
+            if several:
+                svg.text(columns["connection"] + 12, y + 14, f"connection {connection}", 11, MUTED)
+                y += 10
         elif kind == "wrote":
-            owner, data = writes[write_index]
-            if event[3] == "tail" and silence_from is not None:
-                middle = (silence_from + y - 20) / 2
+            if event[5] == "rest" and silence_from is not None:
                 svg.line(columns["upstream"] + 10, silence_from, columns["upstream"] + 10, y - 20,
                          MUTED, 1.5, dash="3 4")
-                svg.text(columns["upstream"] + 18, middle + 4, "silence: the pause", 12, MUTED)
+                svg.text(columns["upstream"] + 18, (silence_from + y - 20) / 2 + 4, "silence: the pause",
+                         12, MUTED)
                 silence_from = None
-            width = svg.bytes_box(columns["upstream"], y - 17, data, owner, 12)
-            write_rows[write_index] = (columns["upstream"] + width, y - 5)
-            if event[3] == "first":
-                silence_from = y + 9
+            x = columns["upstream"]
+            for part, (owner, data) in enumerate(writes[write_index][2]):
+                x += svg.bytes_box(x, y - 17, data, owner, 12, wrong=owner == NOBODY) + 2
+                write_ends[write_index, part] = (x, y - 5)
+            silence_from = y + 9 if event[5] == "first" else None
             write_index += 1
         elif kind == "partial":
-            svg.text(columns["connection"] + 12, y, "no \\n yet: reads on", 12, MUTED)
+            svg.text(columns["connection"] + 12, y, "no end of reply yet: reads on", 12, MUTED)
         elif kind == "read":
-            client, reply = event[2], event[3]
-            wrong = reply != answer(requests[k][:-1])
+            client, reply, connection = event[2:]
+            start = read_at.get(connection, 0)
+            read_at[connection] = start + len(reply)
             x = columns["gets"]
             svg.text(x, y, f"{client}:", 12, INK, bold=True)
             x += 30
-            for owner, piece, index in segments(writes, read_position, read_position + len(reply)):
-                stale = owner != client
-                box_width = svg.bytes_box(x, y - 17, piece, owner, 12, wrong=stale)
+            for owner, piece, index, exchange in pieces_of(writes, connection, start, start + len(reply)):
+                stale = owner == NOBODY or exchange != k   # bytes of another request's answer, or of none
                 if stale:
-                    arrows.append((write_rows[index], (x, y - 5)))
-                x += box_width + 2
-            read_position += len(reply)
-            svg.text(x + 8, y, "wrong" if wrong else "right", 12, RED if wrong else GREEN, bold=True)
+                    arrows.append((write_ends[index], (x, y - 5)))
+                x += svg.bytes_box(x, y - 17, piece, owner, 12, wrong=stale) + 2
+            right = reply == answer(requests[k].rstrip(b"\n"))
+            svg.text(x + 8, y, "right" if right else "wrong", 12, GREEN if right else RED, bold=True)
         elif kind == "checkin":
-            client = event[2]
-            fill, stroke = colours(client)
+            client, outcome, connection = event[2:5]
+            stroke = colours(client)[1]
             svg.rect(columns["connection"], lease_top[k], 6, y - 14 - lease_top[k], stroke, stroke)
-            svg.line(columns["connection"], y - 6, columns["connection"] + 120, y - 6, stroke, 2)
-            svg.text(columns["connection"] + 12, y + 8, "checkin", 12, stroke, bold=True)
+            svg.line(columns["connection"], y - 6, columns["connection"] + 200, y - 6, stroke, 2)
+            svg.text(columns["connection"] + 12, y + 8, CHECKIN_LABELS.get(outcome, outcome), 12, stroke,
+                     bold=True)
+            unread = stream_length(writes, connection) - read_at.get(connection, 0)
+            if outcome != "released" and unread:
+                svg.text(columns["connection"] + 12, y + 22, f"with {unread} bytes never read", 11, MUTED)
+                y += 14
             y += 8
     with svg.behind(first_part):
         for (x1, y1), (x2, y2) in arrows:
-            svg.arrow(x1 + 4, y1, x2 - 4, y2, RED, 2)
-    y += 36
-    tone = GREEN if right == total else RED
-    svg.text(left, y, f"right: {right}/{total}" + (f"   (the first {SHOWN_EXCHANGES} of {total} "
-             f"borrowers drawn)" if total > SHOWN_EXCHANGES else ""), 13, tone, bold=True)
+            svg.arrow(x1 + 2, y1, x2 - 4, y2, RED, 2)
+    answered = {writes[index][0] for index in read_writes}
+    unread = [visible(requests[k]) for k in sorted(requests) if k <= shown_exchanges and k not in answered]
+    if unread:
+        y += 30
+        svg.text(left, y, f"no borrower read the answers to {', '.join(unread)}: not drawn", 12, MUTED)
     return y
+
+
+def tally(events):
+    """(right, another client's answer, dirty closes, connections, borrows) over a whole trial."""
+    asked = {e[1]: (e[2], e[3]) for e in events if e[0] == "borrowed"}
+    reads = [(asked[e[1]], e[3]) for e in events if e[0] == "read"]
+    right = sum(reply == answer(request.rstrip(b"\n")) for (_, request), reply in reads)
+    others = sum(any(reply == answer(request.rstrip(b"\n")) for other, request in asked.values() if other != client)
+                 for (client, _), reply in reads)
+    dirty = sum(e[3] == "dirty" for e in events if e[0] == "checkin")
+    return right, others, dirty, len({e[4] for e in events if e[0] == "borrowed"}), len(asked)
 
 
 def draw_release(recorder):
@@ -780,13 +876,51 @@ def draw_release(recorder):
     found = trials(recorder)
     bottoms = []
     for index, release in enumerate(("framed", "timeout")):
-        events, (right, total) = found[release]
-        bottoms.append(draw_release_panel(svg, 16 + index * 640, y + 10, release, events, right, total))
+        events, right = found[release]
+        if release == "framed":
+            rule = 'release="framed": the connection goes back after the reply\'s \\n'
+        else:
+            timeout = next(e[5] for e in events if e[0] == "checkin")
+            rule = f'release="timeout": it goes back after {timeout}s of silence'
+        bottom = draw_pool_panel(svg, 16 + index * 760, y + 10, rule, events, SHOWN_EXCHANGES) + 36
+        total = tally(events)[4]
+        svg.text(16 + index * 760, bottom, f"right: {right}/{total}   (the first {SHOWN_EXCHANGES} of {total} "
+                 "borrowers drawn)", 13, GREEN if right == total else RED, bold=True)
+        bottoms.append(bottom)
     svg.legend(16, max(bottoms) + 30, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
                                         ("C's bytes", *colours("C")),
                                         ("red: bytes of another client's answer", RED_FILL, RED)])
     svg.text(16, max(bottoms) + 52, "borrowers take the connection in name order "
              "(scaffolding, so every run draws the same picture)", 12, MUTED)
+    return svg
+
+
+def record_dishonest():
+    return record_pool(demo.dishonest, "dishonest_trial", lambda pool_class: pool_class.__name__)
+
+
+def draw_dishonest(recorder):
+    title = "Scenario 9: an upstream that says one line nobody asked for"
+    svg = Svg(title)
+    found = trials(recorder, by_kind=True)
+    extra = {data[len(honest):] for _, _, data, honest, _ in recorder.of_kind("wrote")} - {b""}
+    y = heading(svg, [title, f"the upstream follows every reply with {' '.join(map(visible, sorted(extra)))} "
+                             "in the same write; A and B take turns through a pool of one connection"])
+    bottoms = []
+    for index, (label, (events, _)) in enumerate(found.items()):
+        rule = {"TrustingPool": "TrustingPool: keeps the bytes past a reply for the next borrower",
+                "FramedProxy": "FramedProxy: closes a connection with bytes past a reply"}.get(label, label)
+        bottom = draw_pool_panel(svg, 16 + index * 760, y + 10, rule, events, len(events)) + 36
+        right, others, dirty, connections, borrows = tally(events)
+        tone = GREEN if right == borrows else RED
+        svg.text(16 + index * 760, bottom, f"right {right}/{borrows}   another client's answer {others}", 13,
+                 tone, bold=True)
+        svg.text(16 + index * 760, bottom + 20, f"dirty connections closed {dirty}   "
+                 f"upstream connections opened {connections}", 13, INK)
+        bottoms.append(bottom + 20)
+    svg.legend(16, max(bottoms) + 30, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
+                                        ("red fill: the line nobody asked for", *colours(NOBODY)),
+                                        ("red outline: not the answer to this request", "#ffffff", RED)])
     return svg
 
 
@@ -1174,9 +1308,10 @@ def draw_failover(recorder):
 PICTURES = {   # file name -> (run the scenario: (Recorder, what it printed), draw from the Recorder)
     "interleave.svg": (lambda: record_naive_relay(demo.interleave), draw_interleave),
     "headline.svg": (lambda: record_naive_relay(demo.headline), draw_headline),
-    "release.svg": (lambda: (record_release(), ""), draw_release),
+    "release.svg": (record_release, draw_release),
     "dirty-return.svg": (lambda: record_managed(managed_demo.dirty_return), draw_dirty_return),
     "failover-windows.svg": (lambda: record_managed(managed_demo.failover), draw_failover),
+    "dishonest.svg": (record_dishonest, draw_dishonest),
 }
 
 

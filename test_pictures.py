@@ -89,7 +89,8 @@ def test_the_runs_that_draw_part_two_print_the_managed_transcripts_lines(runs):
 
 def test_the_release_picture_counts_what_the_transcript_says_8_of_8_framed_0_of_8_timeout(runs):
     found = pictures.trials(runs[0]["release.svg"][0])
-    assert found["framed"][1] == (8, 8) and found["timeout"][1] == (0, 8)
+    assert found["framed"][1] == 8 and found["timeout"][1] == 0
+    assert pictures.tally(found["framed"][0])[4] == pictures.tally(found["timeout"][0])[4] == 8
     rows = transcript_section("demo.txt", "Release rule x upstream write pattern, pool cap 1")
     assert "framed   in two parts, paused between    8/8" in rows
     assert "timeout  in two parts, paused between    0/8" in rows
@@ -97,7 +98,7 @@ def test_the_release_picture_counts_what_the_transcript_says_8_of_8_framed_0_of_
 
 def test_the_timeout_rule_hands_b_the_tail_of_as_answer_and_c_the_tail_of_bs(runs):
     events, _ = pictures.trials(runs[0]["release.svg"][0])["timeout"]
-    assert [event[2:] for event in events if event[0] == "read"][:3] == [
+    assert [event[2:4] for event in events if event[0] == "read"][:3] == [
         ("A", b"alpha="), ("B", b"AAAAAAAAAAAA\nbravo="), ("C", b"BBBBBBBBBBBB\ncharli")]
 
 
@@ -143,3 +144,14 @@ def test_the_failover_picture_has_as_windows_0_to_1_1_to_3_and_3_to_7_seconds(ru
     assert [(name, start, end) for name, start, end, _ in recorder.of_kind("disabled")] == [
         ("A", 0.0, 1.0), ("A", 1.0, 3.0), ("A", 3.0, 7.0)]
     assert [t for t, _ in recorder.of_kind("call")] == [0.0, 0.5, 1.0, 3.0, 4.0, 7.0]
+
+
+def test_the_dishonest_run_prints_the_transcripts_lines_and_the_picture_counts_what_it_says(runs):
+    recorder, printed = runs[0]["dishonest.svg"]
+    assert printed == transcript_section("demo.txt", "An upstream that says one line nobody asked for")
+    found = pictures.trials(recorder, by_kind=True)
+    # (right, another client's answer, dirty connections closed, connections opened, borrows)
+    assert pictures.tally(found["TrustingPool"][0]) == (1, 1, 0, 1, 6)
+    assert pictures.tally(found["FramedProxy"][0]) == (6, 0, 6, 6, 6)
+    assert "right 1/6   another client's answer 1" in printed
+    assert "right 6/6   another client's answer 0   dirty connections closed 6" in printed
