@@ -122,7 +122,7 @@ def ask(addr, requests):
 
 
 def show_transitions(client, first=0):
-    for before, after, reason in client.transitions[first:]:
+    for before, after, reason in list(client.transition_log)[first:]:
         print(f"    {before} -> {after}: {reason}")
 
 

@@ -5,6 +5,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -253,10 +254,10 @@ def test_idle_eof_takes_the_client_down_without_an_error_and_the_next_call_recon
         client.wait_transitions(3)
         upstream.restart()
         assert client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
-        assert [t[:2] for t in client.transitions] == [("down", "connecting"), ("connecting", "up"),
+        assert [t[:2] for t in client.transition_log] == [("down", "connecting"), ("connecting", "up"),
                                                        ("up", "down"), ("down", "connecting"),
                                                        ("connecting", "up")]
-        assert client.transitions[2][2] == "upstream closed the idle connection"
+        assert client.transition_log[2][2] == "upstream closed the idle connection"
         assert (client.errors, client.connects, client.rcache.errors) == (0, 2, 0)
         client.shut_down()
 
@@ -276,7 +277,7 @@ def test_an_error_counts_once_per_connection_not_once_per_pending_call():
         assert [f"{n}={n}" + str(n) * 11 for n, result in enumerate(results) if result != lost] == \
             [result for result in results if result != lost]
         assert (client.errors, cache.errors, client.pending_calls) == (1, 1, 0)
-        assert client.transitions[-1] == ("up", "down", "upstream closed the connection with 2 call(s) owed")
+        assert client.transition_log[-1] == ("up", "down", "upstream closed the connection with 2 call(s) owed")
         assert len(upstream.requests) == 3 and client.connects == 1   # the client never retries by itself
         client.shut_down()
 
@@ -310,7 +311,7 @@ def test_fatal_timeout_destroys_the_connection_and_the_next_call_gets_its_own_re
         upstream.wait_held(1)   # reply 1 is the one held: no later reply takes its number
         clock.advance(1.0)
         assert first.result() == "MessageTimeout: no reply within 1.0s"
-        assert client.transitions[-1] == ("up", "down", "message timeout (fatal)")
+        assert client.transition_log[-1] == ("up", "down", "message timeout (fatal)")
         assert client.call(b"GET banana\n") == b"banana=BBBBBBBBBBBB\n"
         assert (client.connects, client.errors, client.discarded) == (2, 1, 0)
         client.shut_down()
@@ -353,7 +354,7 @@ def test_on_the_real_clock_an_unanswered_initial_ping_times_out_before_its_calle
         with pytest.raises(MessageTimeout, match="initial ping not answered within 0.05s"):
             client.call(b"GET a\n")
         assert (client.state, client.errors, cache.errors) == ("down", 1, 1)
-        assert client.transitions[-1] == ("connecting", "down", "initial ping not answered in time")
+        assert client.transition_log[-1] == ("connecting", "down", "initial ping not answered in time")
         upstream.wait_requests(1)
         assert upstream.requests == ["PING"]
         client.shut_down()
@@ -377,10 +378,10 @@ def test_idle_timeout_fires_on_the_virtual_clock_with_no_call_to_notice_it():
         client = ManagedClient(upstream.addr, idle_timeout=5.0, clock=clock)
         client.call(b"GET x\n")
         clock.advance(4.9)
-        assert client.state == "up" and len(client.transitions) == 2
+        assert client.state == "up" and client.transitions == 2
         clock.advance(0.1)
         client.wait_transitions(3)
-        assert client.transitions[2] == ("up", "down", "idle for 5.0s") and client.errors == 0
+        assert client.transition_log[2] == ("up", "down", "idle for 5.0s") and client.errors == 0
         client.call(b"GET y\n")
         assert client.connects == 2
         client.shut_down()
@@ -392,7 +393,7 @@ def test_idle_timeout_zero_closes_right_after_the_last_reply_and_negative_never_
         for client in (eager, patient):
             client.call(b"GET a\n")
             client.call(b"GET b\n")
-        assert eager.connects == 2 and "idle" in eager.transitions[-1][2] and eager.state == "down"
+        assert eager.connects == 2 and "idle" in eager.transition_log[-1][2] and eager.state == "down"
         assert patient.connects == 1 and patient.state == "up"
         eager.shut_down()
         patient.shut_down()
@@ -408,7 +409,7 @@ def test_on_the_real_clock_a_message_timeout_and_an_idle_timeout_fire_by_themsel
         idle = ManagedClient(answering.addr, idle_timeout=0.05)
         idle.call(b"GET a\n")
         idle.wait_transitions(3)
-        assert idle.transitions[2] == ("up", "down", "idle for 0.05s")
+        assert idle.transition_log[2] == ("up", "down", "idle for 0.05s")
         waiting.shut_down()
         idle.shut_down()
 
@@ -466,7 +467,7 @@ def test_shut_down_fails_a_pending_call_and_joins_every_thread():
         upstream.wait_requests(1)
         client.shut_down()
         assert call.result() == "MessageLost: client shut down"
-        assert client.transitions[-1] == ("up", "down", "shut down") and client.errors == 0
+        assert client.transition_log[-1] == ("up", "down", "shut down") and client.errors == 0
 
 
 def test_shut_down_stops_counting_an_abandoned_call_as_pending():
@@ -536,7 +537,8 @@ def test_call_retries_a_refused_connection_on_the_next_service():
 def test_call_never_retries_a_sent_request_but_idempotent_call_does_after_idempotent_wait():
     clock = VirtualClock()
     with FaultyUpstream() as upstream:
-        managed_set = ManagedSet([(upstream.addr, 1)], clock=clock, idempotent_wait=5.0)
+        managed_set = ManagedSet([(upstream.addr, 1)], clock=clock, idempotent_wait=5.0,
+                                 rcache=ReliabilityCache(clock=clock))   # Ocamlnet's default: never disables
         upstream.fail_next(1)
         with pytest.raises(MessageLost):
             managed_set.call(b"GET a\n")
@@ -554,7 +556,7 @@ def test_call_never_retries_a_sent_request_but_idempotent_call_does_after_idempo
 
 def test_idempotent_max_counts_attempts_one_call_and_two_retries_by_default():
     with FaultyUpstream() as upstream:
-        managed_set = ManagedSet([(upstream.addr, 1)], idempotent_wait=0)
+        managed_set = ManagedSet([(upstream.addr, 1)], idempotent_wait=0, rcache=ReliabilityCache())
         upstream.fail_next(5)
         with pytest.raises(MessageLost):
             managed_set.idempotent_call(b"GET a\n")
@@ -591,12 +593,13 @@ def test_shut_down_cuts_a_retry_wait_short():
 
 def test_proxy_reuses_framed_proxys_loop_and_an_upstream_failure_is_an_err_line():
     with FaultyUpstream() as upstream:
-        with ManagedProxy([(upstream.addr, 1)], idempotent_wait=0) as proxy:
-            upstream.fail_next(1)
+        with ManagedProxy([(upstream.addr, 1)], idempotent_wait=0, rcache=ReliabilityCache()) as proxy:
+            upstream.fail_next(1)   # with no cache given, the error would disable the service for 1 s
             assert ask(proxy.addr, ["GET a", "GET b"]) == [
                 "ERR MessageLost: upstream closed the connection", "b=BBBBBBBBBBBB"]
             assert (proxy.answered, proxy.failed) == (1, 1)
-        with ManagedProxy([(upstream.addr, 1)], idempotent=True, idempotent_wait=0) as proxy:
+        with ManagedProxy([(upstream.addr, 1)], idempotent=True, idempotent_wait=0,
+                          rcache=ReliabilityCache()) as proxy:
             upstream.fail_next(1)
             assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
 
@@ -635,24 +638,32 @@ def test_a_waiting_eof_is_seen_before_sending_without_consuming_a_byte():
         assert managed.peer_has_closed(near)
 
 
+class LateToSeeEof(ManagedClient):
+    """Scaffolding: a client whose reader thread handles an EOF only once `see` is set."""
+
+    def __init__(self, *args, **options):
+        super().__init__(*args, **options)
+        self.see = threading.Event()
+
+    def _reader_finished(self, connection, problem):
+        self.see.wait(self.hook_timeout)
+        super()._reader_finished(connection, problem)
+
+
 def test_a_call_that_finds_an_eof_before_sending_reconnects_without_an_error():
     with FaultyUpstream() as upstream:
         cache = ReliabilityCache()
-        client = ManagedClient(upstream.addr, rcache=cache)
+        client = LateToSeeEof(upstream.addr, rcache=cache)
         client.call(b"GET a\n")
-        # Holding the send lock keeps the reader thread, which takes it on EOF, from
-        # noticing the EOF first: only the call's own check before sending can see it.
-        with client._send_lock:
-            old_sock = client.connection.sock
-            upstream.close()
-            give_up = time.monotonic() + 5
-            while not managed.peer_has_closed(old_sock) and time.monotonic() < give_up:
-                time.sleep(0.001)
-            upstream.restart()
-            call = Background(client.call, b"GET b\n")
-            client.wait_connects(2)   # the check found the EOF and reconnected
-        assert call.result() == "b=BBBBBBBBBBBB"
-        assert client.transitions[2] == ("up", "down", "upstream closed the idle connection")
+        old_sock = client.connection.sock
+        upstream.close()
+        give_up = time.monotonic() + 5
+        while not managed.peer_has_closed(old_sock) and time.monotonic() < give_up:
+            time.sleep(0.001)
+        upstream.restart()
+        assert client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"   # only the check before sending saw the EOF
+        client.see.set()
+        assert client.transition_log[2] == ("up", "down", "upstream closed the idle connection")
         assert (client.errors, cache.errors, client.connects) == (0, 0, 2)
         assert upstream.requests == ["GET a", "GET b"]
         client.shut_down()
