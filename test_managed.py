@@ -739,3 +739,236 @@ def test_demo_managed_prints_the_golden_transcript_three_times_over():
                              text=True, timeout=60)
         assert run.returncode == 0, run.stderr
         assert run.stdout == expected
+
+
+# --- the faults the layer exists for (issue 9): each test fails on the code before it -----
+
+def test_an_accept_and_close_upstream_costs_one_connection_one_error_and_ends_by_the_deadline():
+    with FaultyUpstream(on_connect="close") as upstream:
+        cache = ReliabilityCache()
+        client = ManagedClient(upstream.addr, rcache=cache, msg_timeout=0.5)
+        started = time.monotonic()
+        with pytest.raises((CommunicationError, MessageLost), match="upstream closed the connection"):
+            client.call(b"GET a\n")
+        assert time.monotonic() - started < 0.55
+        assert (client.connects, client.errors, cache.errors, client.state) == (1, 1, 1, "down")
+        upstream.wait_connections(1)
+        assert upstream.connections == 1
+        client.shut_down()
+
+
+def test_a_64_mib_request_to_an_upstream_that_never_reads_times_out_and_so_does_the_call_behind_it():
+    clock = VirtualClock()
+    with FaultyUpstream(on_connect="deaf") as upstream:
+        client = ManagedClient(upstream.addr, msg_timeout=0.5, clock=clock)
+        big = Background(client.call, b"GET " + b"k" * (64 << 20) + b"\n")
+        client.wait_sent(1)   # the big request has the connection's write turn
+        small = Background(client.call, b"GET a\n")
+        client.wait_calls(2)
+        clock.advance(0.5)
+        assert big.result() == "MessageTimeout: request not sent within 0.5s"
+        assert small.result() in ("MessageTimeout: request not sent within 0.5s",
+                                  "MessageLost: a request not written in time closed the connection")
+        assert (client.sent, client.errors, client.state) == (1, 1, "down")
+        client.shut_down()
+
+
+def test_hooks_that_call_load_from_4_threads_x_200_calls_never_deadlock():
+    with FaultyUpstream() as upstream:
+        loads = []
+        cache = ReliabilityCache(availability=lambda addr: loads.append(managed_set.load()) or True)
+        managed_set = ManagedSet([(upstream.addr, 4)], rcache=cache, idle_timeout=0,
+                                 on_event=lambda source, event: loads.append(managed_set.load()))
+        workers = [Background(lambda n=n: [managed_set.call(b"GET k%d\n" % n) for _ in range(200)])
+                   for n in range(4)]
+        assert [worker.result() for worker in workers] == [[b"k%d=KKKKKKKKKKKK\n" % n] * 200 for n in range(4)]
+        assert managed_set.attempts == 800 and len(loads) >= 800 * 4   # 2 transitions, 2 availability asks
+        managed_set.shut_down()
+
+
+def test_a_silent_upstream_behind_a_capped_set_never_wedges_it():
+    clock = VirtualClock()
+    with FaultyUpstream(silent=True) as upstream:
+        managed_set = ManagedSet([(upstream.addr, 1)], pending_calls_max=1, msg_timeout=1.0, idle_timeout=5.0,
+                                 clock=clock)
+        for number, at in enumerate((0.0, 10.0, 100.0, 1000.0), start=1):
+            clock.advance(at - clock.now())
+            late = Background(managed_set.call, b"GET a\n")
+            managed_set.wait_picks(number)
+            client = managed_set.clients[0][0]
+            client.wait_sent(number)
+            clock.advance(1.0)
+            assert late.result() == "MessageTimeout: no reply within 1.0s"
+            assert managed_set.load() == [1]   # the abandoned call, owed for one msg_timeout more
+            clock.advance(1.0)
+            client.wait_errors(number)
+            assert managed_set.load() == [0] and client.state == "down"
+        assert client.transition_log[-1] == ("up", "down", "an abandoned call's reply is overdue")
+        assert (client.errors, client.connects, managed_set.refusals) == (4, 4, 0)
+        managed_set.shut_down()
+
+
+def test_abandoned_calls_and_the_transition_log_are_bounded(monkeypatch):
+    monkeypatch.setattr(managed, "ABANDONED_MAX", 2, raising=False)
+    clock = VirtualClock()
+    with FaultyUpstream(silent=True) as upstream:
+        client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock)
+        calls = []
+        for number in (1, 2, 3):
+            calls.append(Background(client.call, b"GET a\n"))
+            client.wait_sent(number)
+        clock.advance(1.0)
+        assert [call.result() for call in calls] == ["MessageTimeout: no reply within 1.0s"] * 3
+        client.wait_errors(1)
+        assert client.transition_log[-1] == ("up", "down", "more than 2 abandoned calls owed")
+        assert client.pending_calls == 0
+        client.shut_down()
+    with FaultyUpstream() as upstream:
+        client = ManagedClient(upstream.addr, idle_timeout=0)
+        for _ in range(30):
+            client.call(b"GET a\n")
+        assert client.transitions == 90 and len(client.transition_log) == managed.TRANSITIONS_KEPT == 64
+        client.shut_down()
+
+
+def test_an_extra_line_from_upstream_never_reaches_another_client():
+    with FaultyUpstream(gate=2) as upstream:   # both requests are on the one connection before any reply
+        upstream.fail_next(1, how="extra")
+        with ManagedProxy([(upstream.addr, 1)], rcache=ReliabilityCache()) as proxy:
+            clients = [Background(ask, proxy.addr, [f"GET {key}"]) for key in "ab"]
+            replies = [client.result()[0] for client in clients]
+    lost = "ERR MessageLost: upstream out of step: a reply did not fit its request"
+    assert replies in (["a=AAAAAAAAAAAA", lost], [lost, "b=BBBBBBBBBBBB"])   # whichever went first is right
+
+
+def test_a_dropped_reply_fails_both_calls_owed_and_idempotent_calls_are_retried_right():
+    with FaultyUpstream(gate=2) as upstream:
+        upstream.fail_next(1, how="skip")   # the first reply never comes; the second arrives first
+        with ManagedProxy([(upstream.addr, 1)], idempotent=True, idempotent_wait=0,
+                          rcache=ReliabilityCache()) as proxy:
+            clients = [Background(ask, proxy.addr, [f"GET {key}"]) for key in "ab"]
+            assert [client.result() for client in clients] == [["a=AAAAAAAAAAAA"], ["b=BBBBBBBBBBBB"]]
+            assert proxy.managed_set.attempts == 4 and proxy.managed_set.clients[0][0].errors == 1
+    assert sorted(upstream.requests) == ["GET a", "GET a", "GET b", "GET b"]
+
+
+def test_a_malformed_request_after_pick_releases_the_reservation():
+    managed_set = ManagedSet([(A, 1)], pending_calls_max=1)
+    client, _ = managed_set.pick()
+    with pytest.raises(ValueError, match="one line"):
+        client.call(b"GET a")
+    assert managed_set.load() == [0]
+    assert managed_set.pick()[0] is client
+    managed_set.shut_down()
+
+
+def test_failover_with_no_cache_given_answers_every_call_and_skips_a_dead_a_until_its_window_ends():
+    clock = VirtualClock()
+    with FaultyUpstream() as live:
+        attempts = []
+        managed_set = ManagedSet([(closed_port_addr(), 1), (live.addr, 1)], policy="failover", clock=clock,
+                                 on_event=lambda source, event: attempts.append(event[2:])
+                                 if event[0] == "attempt" else None)
+        tried = []
+        for at in (0.0, 0.5, 1.0, 2.0, 3.0):
+            clock.advance(at - clock.now())
+            attempts.clear()
+            call = Background(managed_set.call, b"GET k\n")
+            assert call.result() == "k=KKKKKKKKKKKK"
+            tried.append([index for index, _ in attempts])
+        assert tried == [[0, 1], [1], [0, 1], [1], [0, 1]]   # A's windows: 0 to 1 s, then 1 to 3 s
+        assert clock.now() == 3.0 and managed_set.retries == 3   # no retry waited: B was untried
+        assert managed_set.rcache.setting("policy") == "independent"
+        assert managed.global_rcache().setting("policy") == ReliabilityCache().setting("policy") == "none"
+        managed_set.shut_down()
+
+
+def test_a_default_proxy_in_front_of_a_dead_a_and_a_live_b_answers_at_once():
+    with FaultyUpstream() as live:
+        with ManagedProxy([(closed_port_addr(), 1), (live.addr, 1)], policy="failover") as proxy:
+            started = time.monotonic()
+            assert ask(proxy.addr, ["GET a", "GET b", "GET c"]) == [
+                "a=AAAAAAAAAAAA", "b=BBBBBBBBBBBB", "c=CCCCCCCCCCCC"]
+            assert time.monotonic() - started < 1.0 and proxy.managed_set.attempts == 4
+
+
+# --- finding 8: Ocamlnet's behaviour where it differed -----------------------------------
+
+def test_a_host_stays_disabled_until_its_last_failing_ports_window_ends():
+    clock = VirtualClock()
+    cache = ReliabilityCache(policy="any_failing_port_disables_host", clock=clock)
+    third = ("127.0.0.2", 7003)
+    cache.record_error(A)   # A and its host: 0 to 1 s
+    clock.advance(0.5)
+    cache.record_error(B)   # B: 0.5 to 1.5 s; the host ends with B's window, not its own
+    cache.record_success(A)   # recomputed from B: still disabled until 1.5
+    clock.advance(0.6)
+    assert not cache.is_enabled(third)
+    cache.record_success(third)   # no entry for that port: the host is not touched
+    assert not cache.is_enabled(third)
+    cache.record_success(B)
+    assert cache.is_enabled(third)
+    assert [(key, start, end) for key, start, end, _ in cache.disables] == [
+        (A, 0.0, 1.0), ("127.0.0.2", 0.0, 1.0), (B, 0.5, 1.5), ("127.0.0.2", 0.5, 1.5)]
+
+
+def test_after_a_fatal_timeout_the_other_calls_on_the_connection_are_lost_not_timed_out():
+    clock = VirtualClock()
+    with FaultyUpstream(hold={1}) as upstream:
+        client = ManagedClient(upstream.addr, msg_timeout=1.0, msg_timeout_is_fatal=True, clock=clock)
+        first = Background(client.call, b"GET a\n")
+        client.wait_sent(1)
+        clock.advance(0.5)
+        second = Background(client.call, b"GET b\n")
+        client.wait_sent(2)
+        clock.advance(0.5)
+        assert first.result() == "MessageTimeout: no reply within 1.0s"
+        assert second.result() == "MessageLost: another call's fatal message timeout closed the connection"
+        assert client.errors == 1
+        client.shut_down()
+
+
+def test_an_eof_while_only_an_abandoned_call_is_owed_is_quiet():
+    clock = VirtualClock()
+    with FaultyUpstream() as upstream:
+        cache = ReliabilityCache()
+        client = ManagedClient(upstream.addr, rcache=cache, msg_timeout=1.0, clock=clock)
+        client.call(b"GET a\n")
+        upstream.fail_next(1, how="skip")
+        late = Background(client.call, b"GET b\n")
+        upstream.wait_faults(1)
+        clock.advance(1.0)
+        assert late.result() == "MessageTimeout: no reply within 1.0s"
+        upstream.close()
+        client.wait_transitions(3)
+        assert (client.errors, cache.errors, client.pending_calls) == (0, 0, 0)
+        assert client.transition_log[2] == ("up", "down", "upstream closed the idle connection")
+        client.shut_down()
+
+
+def test_below_pending_calls_norm_the_busiest_client_is_packed_as_in_ocamlnet():
+    managed_set = ManagedSet([(A, 2)], pending_calls_norm=3)
+    picked = [managed_set.pick()[0] for _ in range(4)]   # 3 on the first, then a second client
+    first, second = managed_set.clients[0]
+    assert picked == [first, first, first, second]
+    with pytest.raises(ValueError):
+        first.call(b"bad")   # ends one reservation: loads 2 and 1, both below the norm
+    assert managed_set.pick()[0] is first
+    managed_set.shut_down()
+
+
+def test_a_derived_cache_asks_each_availability_hook_once():
+    asked = []
+    parent = ReliabilityCache(availability=lambda addr: asked.append("parent") or True)
+    child = parent.derive(policy="independent")
+    grandchild = child.derive(availability=lambda addr: asked.append("grandchild") or True)
+    assert child.is_enabled(A) and grandchild.is_enabled(A)
+    assert asked == ["parent", "grandchild", "parent"]
+
+
+def test_a_default_proxy_pipelines_once_its_connections_are_busy():
+    with FaultyUpstream(gate=3) as upstream:   # no reply until three requests are in
+        with ManagedProxy([(upstream.addr, 1)]) as proxy:
+            clients = [Background(ask, proxy.addr, [f"GET {key}"]) for key in "abc"]
+            assert [client.result() for client in clients] == [[f"{key}={key.upper() * 12}"] for key in "abc"]
+    assert upstream.connections == 1
