@@ -585,12 +585,15 @@ class ManagedClient(Hooks):
     def _usable_connection(self, call):
         """The up connection, after connecting (and pinging) if the client is down;
         MessageTimeout once the call's deadline has passed."""
+        opened = None   # the connection this call made, if it made one
         while True:
             if not self.rcache.is_enabled(self.addr):   # no lock held: the availability hook may call anything
                 raise ServiceUnavailable("the reliability cache has disabled this port")
             with self._locked():
                 if self._shut:
                     raise ManagedError("client shut down")
+                if opened and opened.failure:   # its own connection failed, maybe after _open(): no other
+                    raise fresh(opened.failure)
                 connection = self.connection
                 if self.state == "up":
                     if connection.owed or not peer_has_closed(connection.sock):
@@ -606,6 +609,7 @@ class ManagedClient(Hooks):
                     raise MessageTimeout(f"no connection within {as_seconds(self.msg_timeout)}")
                 self.connection = connection = Connection()
                 self._move("connecting", "a call needs a connection")
+            opened = connection
             self._open(connection, call)
             if connection.failure:   # this caller's own connect failed: its error, not the cache's
                 raise fresh(connection.failure)

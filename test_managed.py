@@ -745,16 +745,17 @@ def test_demo_managed_prints_the_golden_transcript_three_times_over():
 
 def test_an_accept_and_close_upstream_costs_one_connection_one_error_and_ends_by_the_deadline():
     with FaultyUpstream(on_connect="close") as upstream:
-        cache = ReliabilityCache()
-        client = ManagedClient(upstream.addr, rcache=cache, msg_timeout=0.5)
-        started = time.monotonic()
-        with pytest.raises((CommunicationError, MessageLost), match="upstream closed the connection"):
-            client.call(b"GET a\n")
-        assert time.monotonic() - started < 0.55
-        assert (client.connects, client.errors, cache.errors, client.state) == (1, 1, 1, "down")
-        upstream.wait_connections(1)
-        assert upstream.connections == 1
-        client.shut_down()
+        for attempt in range(1, 11):   # the EOF races the call's send and its own check: try both ways
+            cache = ReliabilityCache()
+            client = ManagedClient(upstream.addr, rcache=cache, msg_timeout=0.5)
+            started = time.monotonic()
+            with pytest.raises((CommunicationError, MessageLost), match="upstream closed the connection"):
+                client.call(b"GET a\n")
+            assert time.monotonic() - started < 0.55
+            assert (client.connects, client.errors, cache.errors, client.state) == (1, 1, 1, "down")
+            client.shut_down()
+        upstream.wait_connections(10)
+        assert upstream.connections == 10
 
 
 def test_a_64_mib_request_to_an_upstream_that_never_reads_times_out_and_so_does_the_call_behind_it():
@@ -951,8 +952,7 @@ def test_below_pending_calls_norm_the_busiest_client_is_packed_as_in_ocamlnet():
     picked = [managed_set.pick()[0] for _ in range(4)]   # 3 on the first, then a second client
     first, second = managed_set.clients[0]
     assert picked == [first, first, first, second]
-    with pytest.raises(ValueError):
-        first.call(b"bad")   # ends one reservation: loads 2 and 1, both below the norm
+    first.reserved -= 1   # scaffolding: as if one of its calls had finished; loads 2 and 1, both below the norm
     assert managed_set.pick()[0] is first
     managed_set.shut_down()
 
