@@ -14,8 +14,11 @@ Map of the module, in reading order:
                               now(), sleep(seconds), wait(condition, deadline),
                               watch(condition) and unwatch(condition)
     ManagedError and its five subclasses, the failures a caller can see
-    ReliabilityCache          counts errors per port (and per host); disables a port
-                              for 1, 2, 4 ... 64 s; global_rcache() is the shared one
+    ReliabilityCache          counts errors per port; disables a port (and under a
+                              host policy its host) for 1, 2, 4 ... 64 s;
+                              global_rcache() is the shared one, policy "none"
+    Call, Connection          one request and its deadline; one socket, the calls
+                              it owes, writing under a deadline, the watchdog's deadlines
     ManagedClient             one upstream connection at a time, remade on demand;
                               states down -> connecting -> up; several calls may be
                               pending on it, their replies matched in order
@@ -23,17 +26,51 @@ Map of the module, in reading order:
                               idempotent_call() with retries
     ManagedProxy              FramedProxy's client loop, its exchange() done by a ManagedSet
 
-Threads: each connection has a reader thread, and with idle_timeout > 0 an idle
-watchdog; shut_down() ends and joins them. Callers block in call() on the client's
-condition, which the clock wakes at their deadline.
+Threads: each connection has a reader thread, and a watchdog thread when it has a
+deadline to keep (idle_timeout > 0, or msg_timeout >= 0 and not fatal); shut_down()
+ends and joins them. Callers block in call() on the client's condition, which the
+clock wakes at their deadline. Hooks (on_event, availability) are never called with
+a lock held: a client queues them and calls them once it lets go of its lock.
+
+Defaults, as Ocamlnet's unless marked: a ManagedClient has no msg_timeout, no
+idle_timeout, no ping and the global cache (policy "none": never disables). A
+ManagedSet (so a ManagedProxy) has no limit on pending calls (it pipelines once its
+connections are busy), idempotent_max 3, idempotent_wait 5 s, and, beyond Ocamlnet,
+when given no rcache, a cache of its own derived from the global one with policy
+"independent", so it fails over out of the box; a retry goes first, and at once, to
+a service this call has not tried.
+
+Out of step: the line protocol has no request ids, so a reply is matched to the
+oldest call owed; a reply that cannot answer that call (reply_fits), or a line when
+no call is owed, proves the connection out of step, and it is ended: every call owed
+on it gets MessageLost, never another call's reply.
+
+Where this differs from Ocamlnet, on purpose (each pinned by a test):
+  - a timed-out call's reply is still owed (no request ids to drop it by), so the
+    call counts as pending until its reply comes; msg_timeout later, or past
+    ABANDONED_MAX abandoned calls, the connection ends with one error
+  - a set given no cache fails over (above); a retry that has an enabled service
+    not yet tried goes there at once, where Ocamlnet waits idempotent_wait before
+    every retry and picks in the same order again
+  - host policies disable a loopback host too (Ocamlnet never disables 127.0.0.1),
+    since every upstream here is on loopback
+  - a recovered port's host stays disabled until the latest open window of its
+    other failing ports; Ocamlnet's fold gives up on the host when it meets an
+    expired window first, which depends on its hash table's order
+  - at or above pending_calls_norm, pick() takes the least busy client below the
+    max; Ocamlnet takes whichever load level its hash table lists first
+  - pick() asks the cache about every service before it chooses (no lock held),
+    where Ocamlnet asks service by service until one gives a client
 
 The faults the scenarios need (an upstream that stops, restarts on the same port,
-drops or cuts a reply, or never answers) are scaffolding, in managed_demo.py.
+drops, cuts, skips or doubles a reply, never answers, closes at once or never reads)
+are scaffolding, in managed_demo.py.
 
 The order a request takes through ManagedProxy:
     client line -> FramedProxy.handle() -> exchange() -> ManagedSet.call(): pick()
-    -> ManagedClient.call(): usable connection (connect, initial ping) -> send
-    -> the reader thread matches the reply to the oldest pending call -> back to the client
+    -> ManagedClient.call(): one deadline -> usable connection (connect, initial ping)
+    -> send (wait for the write turn, write) -> the reader thread matches the reply
+    to the oldest call owed, if it fits -> back to the client
 """
 import collections
 import contextlib
@@ -418,7 +455,12 @@ class Call:
 
 
 class Connection:
-    """One socket of a ManagedClient and the calls whose replies it owes, oldest first."""
+    """One socket of a ManagedClient and the calls whose replies it owes, oldest first.
+
+    It does the wire's work, which needs nothing of the client but its clock:
+    writing under a deadline, closing the socket once nothing uses it, and telling
+    the watchdog its next deadline. The client's lock guards every field; write()
+    alone runs without it, and only one writer at a time (`writing`)."""
 
     def __init__(self):
         self.sock = None             # set once connected
@@ -430,6 +472,36 @@ class Connection:
         self.failure = None          # the error that ended it, if an error did
         self.ended = False
         self.idle_since = None       # clock time the last reply left nothing owed
+
+    def write(self, request, deadline, clock):
+        """Write all of request, never blocking past deadline on clock; False if the
+        deadline came first. An OSError means the connection is broken."""
+        unsent = memoryview(request)
+        while unsent:
+            if deadline is not None and clock.now() >= deadline:
+                return False
+            try:
+                unsent = unsent[self.sock.send(unsent, socket.MSG_DONTWAIT):]
+            except BlockingIOError:   # the upstream is not reading: wait for room, reading the clock again
+                wait = None if deadline is None else min(deadline - clock.now(), SEND_RECHECK)
+                select.select([], [self.sock], [], wait)
+        return True
+
+    def close_if_unused(self):
+        """Close an ended connection's socket once neither the reader thread nor a
+        writer uses it (a descriptor closed under a thread may be reused by another socket)."""
+        if self.ended and not self.reading and not self.writing and self.sock:
+            self.sock.close()
+
+    def idle_deadline(self, idle_timeout):
+        """When the watchdog closes it for idleness: None while calls are owed or with idle_timeout <= 0."""
+        if idle_timeout <= 0 or self.owed or self.idle_since is None:
+            return None
+        return self.idle_since + idle_timeout
+
+    def overdue_deadline(self):
+        """When the oldest missing reply of an abandoned call ends it; None if no call is abandoned."""
+        return min((call.overdue_at for call in self.owed if call.abandoned), default=None)
 
 
 class ManagedClient(Hooks):
@@ -722,7 +794,7 @@ class ManagedClient(Hooks):
             connection.owed.append(call)
             self.count("sent")
         try:
-            problem = None if self._write(connection.sock, request, call.deadline) else "timeout"
+            problem = None if connection.write(request, call.deadline, self.clock) else "timeout"
         except OSError as error:
             problem = error.strerror or str(error)
         with self._locked():
@@ -734,27 +806,8 @@ class ManagedClient(Hooks):
                 call.error = MessageTimeout(f"request not sent within {as_seconds(self.msg_timeout)}")
             elif problem:
                 self._end(connection, f"send failed: {problem}", MessageLost(f"send failed: {problem}"))
-            self._close_when_unused(connection)
+            connection.close_if_unused()
         return True
-
-    def _write(self, sock, request, deadline):
-        """Write all of request, never blocking past deadline; False if it came first."""
-        unsent = memoryview(request)
-        while unsent:
-            if deadline is not None and self.clock.now() >= deadline:
-                return False
-            try:
-                unsent = unsent[sock.send(unsent, socket.MSG_DONTWAIT):]
-            except BlockingIOError:   # the upstream is not reading: wait for room, reading the clock again
-                wait = None if deadline is None else min(deadline - self.clock.now(), SEND_RECHECK)
-                select.select([], [sock], [], wait)
-        return True
-
-    def _close_when_unused(self, connection):
-        """With the lock held: close an ended connection's socket once neither the
-        reader thread nor a writer uses it (a closed descriptor may be reused)."""
-        if connection.ended and not connection.reading and not connection.writing and connection.sock:
-            connection.sock.close()
 
     # -- the reader thread --
 
@@ -774,7 +827,7 @@ class ManagedClient(Hooks):
         with self._locked():
             self._stream_ended(connection, problem)
             connection.reading = False
-            self._close_when_unused(connection)
+            connection.close_if_unused()
 
     def _deliver(self, connection, reply):
         if connection.ended:
@@ -825,20 +878,16 @@ class ManagedClient(Hooks):
         call's reply is overdue (one error, every call owed on it lost)."""
         with self._locked():
             while not connection.ended:
-                now, deadlines = self.clock.now(), []
-                if self.idle_timeout > 0 and self.state == "up" and not connection.owed:
-                    deadlines.append(connection.idle_since + self.idle_timeout)
-                    if now >= deadlines[-1]:
-                        self._end(connection, f"idle for {as_seconds(self.idle_timeout)}")
-                        return
-                overdue = [call.overdue_at for call in connection.owed if call.abandoned]
-                if overdue:
-                    deadlines.append(min(overdue))
-                    if now >= deadlines[-1]:
-                        self._end(connection, "an abandoned call's reply is overdue",
-                                  MessageLost("a timed-out call's reply never came"))
-                        return
-                self.clock.wait(self._lock, min(deadlines, default=None))
+                idle_end = connection.idle_deadline(self.idle_timeout) if self.state == "up" else None
+                overdue = connection.overdue_deadline()
+                if idle_end is not None and self.clock.now() >= idle_end:
+                    self._end(connection, f"idle for {as_seconds(self.idle_timeout)}")
+                elif overdue is not None and self.clock.now() >= overdue:
+                    self._end(connection, "an abandoned call's reply is overdue",
+                              MessageLost("a timed-out call's reply never came"))
+                else:
+                    deadlines = [deadline for deadline in (idle_end, overdue) if deadline is not None]
+                    self.clock.wait(self._lock, min(deadlines, default=None))
 
 
 # --- the managed set ---------------------------------------------------------

@@ -778,12 +778,14 @@ def test_hooks_that_call_load_from_4_threads_x_200_calls_never_deadlock():
     with FaultyUpstream() as upstream:
         loads = []
         cache = ReliabilityCache(availability=lambda addr: loads.append(managed_set.load()) or True)
-        managed_set = ManagedSet([(upstream.addr, 4)], rcache=cache, idle_timeout=0,
+        managed_set = ManagedSet([(upstream.addr, 4)], rcache=cache,
                                  on_event=lambda source, event: loads.append(managed_set.load()))
         workers = [Background(lambda n=n: [managed_set.call(b"GET k%d\n" % n) for _ in range(200)])
                    for n in range(4)]
         assert [worker.result() for worker in workers] == [[b"k%d=KKKKKKKKKKKK\n" % n] * 200 for n in range(4)]
-        assert managed_set.attempts == 800 and len(loads) >= 800 * 4   # 2 transitions, 2 availability asks
+        # per call: pick() and call() ask availability, the set notes the attempt; per client, 2
+        # transitions and one more ask, by the call that connected it, once it is up
+        assert managed_set.attempts == 800 and len(loads) == 800 * 3 + 3 * len(managed_set.clients[0])
         managed_set.shut_down()
 
 
@@ -972,3 +974,17 @@ def test_a_default_proxy_pipelines_once_its_connections_are_busy():
             clients = [Background(ask, proxy.addr, [f"GET {key}"]) for key in "abc"]
             assert [client.result() for client in clients] == [[f"{key}={key.upper() * 12}"] for key in "abc"]
     assert upstream.connections == 1
+
+
+def test_difference_a_host_policy_disables_a_loopback_host_too():
+    cache = ReliabilityCache(policy="any_failing_port_disables_host", clock=VirtualClock())
+    cache.record_error(("127.0.0.1", 7001))   # Ocamlnet would exempt 127.0.0.1
+    assert not cache.is_enabled(("127.0.0.1", 7002))
+
+
+def test_difference_pick_asks_the_cache_about_every_service_before_it_chooses():
+    asked = []
+    managed_set = ManagedSet([(A, 1), (B, 1)], policy="failover",
+                             rcache=ReliabilityCache(availability=lambda addr: asked.append(addr) or True))
+    assert managed_set.pick()[1] == 0 and asked == [A, B]
+    managed_set.shut_down()
