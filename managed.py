@@ -526,7 +526,10 @@ class ManagedClient(Hooks):
     of step): every call owed on it gets MessageLost, none another call's reply.
 
     Hooks (on_event, the cache's availability and on_event) are called with no lock
-    held, so they may call anything, this client included.
+    held, so they may call anything, this client included: by the thread that
+    queued them, or, for those the reader thread queues while its connection lives,
+    by the next thread to let go of the lock (a caller it woke), never by the
+    reader, whose connection a hook's call() may need.
 
     Scaffolding: late_replies="forget" drops a timed-out call from the queue and
     trusts the next reply without checking it: the bug demo scenario 1 shows.
@@ -816,7 +819,7 @@ class ManagedClient(Hooks):
         problem = "upstream closed the connection"
         try:
             for line in read_lines(connection.sock):
-                with self._locked():
+                with self._lock:   # not _locked(): a hook that calls here would wait on this very thread
                     self._deliver(connection, line + b"\n")
         except LineTooLong:
             problem = "upstream sent an overlong line"

@@ -789,6 +789,18 @@ def test_hooks_that_call_load_from_4_threads_x_200_calls_never_deadlock():
         managed_set.shut_down()
 
 
+def test_a_hook_may_call_the_client_it_hears_from_even_on_the_initial_pings_answer():
+    with FaultyUpstream() as upstream:
+        from_hook = []
+
+        def on_event(source, event):
+            if event[1:3] == ("connecting", "up") and not from_hook:
+                from_hook.append(client.call(b"GET h\n"))   # needs the reader thread the event came from
+        client = ManagedClient(upstream.addr, initial_ping=True, msg_timeout=5.0, on_event=on_event)
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n" and from_hook == [b"h=HHHHHHHHHHHH\n"]
+        client.shut_down()
+
+
 def test_a_silent_upstream_behind_a_capped_set_never_wedges_it():
     clock = VirtualClock()
     with FaultyUpstream(silent=True) as upstream:
