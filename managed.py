@@ -19,6 +19,7 @@ Map of the module, in reading order:
                               global_rcache() is the shared one, policy "none"
     Call, Connection          one request and its deadline; one socket, the calls
                               it owes, writing under a deadline, the watchdog's deadlines
+    ConnectionThreads         a client's reader and watchdog threads, split out of it
     ManagedClient             one upstream connection at a time, remade on demand;
                               states down -> connecting -> up; several calls may be
                               pending on it, their replies matched in order
@@ -504,7 +505,95 @@ class Connection:
         return min((call.overdue_at for call in self.owed if call.abandoned), default=None)
 
 
-class ManagedClient(Hooks):
+class ConnectionThreads(Hooks):
+    """The two threads a ManagedClient runs beside its callers, per connection: the
+    reader, which settles calls with replies, and the watchdog, which keeps the
+    connection's own deadlines. Split out to be read on their own; they work on
+    the client's fields (see ManagedClient.__init__) under its lock, and end a
+    connection only through its _end()."""
+
+    # -- the reader thread --
+
+    def _read_replies(self, connection):
+        """The reader thread: each reply line settles the oldest call owed."""
+        problem = "upstream closed the connection"
+        try:
+            for line in read_lines(connection.sock):
+                with self._lock:   # not _locked(): a hook that calls here would wait on this very thread
+                    self._deliver(connection, line + b"\n")
+        except LineTooLong:
+            problem = "upstream sent an overlong line"
+        self._reader_finished(connection, problem)
+
+    def _reader_finished(self, connection, problem):
+        """The reader thread's last step: its stream has ended."""
+        with self._locked():
+            self._stream_ended(connection, problem)
+            connection.reading = False
+            connection.close_if_unused()
+
+    def _deliver(self, connection, reply):
+        if connection.ended:
+            return
+        if not connection.owed:
+            self._end(connection, "a reply no call was waiting for", MessageLost("unexpected reply"))
+            return
+        call = connection.owed[0]
+        if self.late_replies != "forget" and not reply_fits(call.request, reply):
+            self._end(connection, "a reply that does not fit its request",
+                      MessageLost("upstream out of step: a reply did not fit its request"))
+            return
+        connection.owed.popleft()   # the load-bearing line: a reply settles the oldest call owed
+        connection.answered = True
+        if call.abandoned:
+            connection.abandoned -= 1
+            self._calls.discard(call)
+            self.count("discarded")
+        elif call.is_ping:
+            self._move("up", "initial ping answered")
+        else:
+            call.reply = reply
+            self.count("replies")
+        self.rcache.record_success(self.addr)   # a reply is the proof of health, not a connect
+        if not connection.owed:
+            connection.idle_since = self.clock.now()
+            if self.idle_timeout == 0 and not call.is_ping:
+                self._end(connection, "idle: closed after the last reply (idle_timeout 0)")
+        self._lock.notify_all()
+
+    def _stream_ended(self, connection, problem):
+        """With the lock held: the upstream's EOF (or an overlong line). Quiet only if
+        the connection has carried a reply and owes no call anyone still waits for."""
+        waited_for = len(connection.owed) - connection.abandoned
+        if waited_for:
+            self._end(connection, f"{problem} with {waited_for} call(s) owed", MessageLost(problem))
+        elif not connection.answered:
+            self._end(connection, f"{problem} before any reply",
+                      CommunicationError(f"{problem} before any reply"))
+        else:   # Ocamlnet forgets a timed-out call: its reply, never come, is no error
+            self._end(connection, "upstream closed the idle connection")
+
+    # -- the watchdog thread --
+
+    def _watch(self, connection):
+        """The watchdog thread, on the client's clock, with no call needed: ends the
+        connection once it has been idle for idle_timeout, or once an abandoned
+        call's reply is overdue (one error, every call owed on it lost)."""
+        with self._locked():
+            while not connection.ended:
+                idle_end = connection.idle_deadline(self.idle_timeout) if self.state == "up" else None
+                overdue = connection.overdue_deadline()
+                if idle_end is not None and self.clock.now() >= idle_end:
+                    self._end(connection, f"idle for {as_seconds(self.idle_timeout)}")
+                elif overdue is not None and self.clock.now() >= overdue:
+                    self._end(connection, "an abandoned call's reply is overdue",
+                              MessageLost("a timed-out call's reply never came"))
+                else:
+                    deadlines = [deadline for deadline in (idle_end, overdue) if deadline is not None]
+                    self.clock.wait(self._lock, min(deadlines, default=None))
+
+
+class ManagedClient(ConnectionThreads):
     """One connection to one upstream at a time, made when a call needs it.
 
     A call on a down client connects; with initial_ping the new connection must
@@ -812,86 +901,6 @@ class ManagedClient(Hooks):
             connection.close_if_unused()
         return True
 
-    # -- the reader thread --
-
-    def _read_replies(self, connection):
-        """The reader thread: each reply line settles the oldest call owed."""
-        problem = "upstream closed the connection"
-        try:
-            for line in read_lines(connection.sock):
-                with self._lock:   # not _locked(): a hook that calls here would wait on this very thread
-                    self._deliver(connection, line + b"\n")
-        except LineTooLong:
-            problem = "upstream sent an overlong line"
-        self._reader_finished(connection, problem)
-
-    def _reader_finished(self, connection, problem):
-        """The reader thread's last step: its stream has ended."""
-        with self._locked():
-            self._stream_ended(connection, problem)
-            connection.reading = False
-            connection.close_if_unused()
-
-    def _deliver(self, connection, reply):
-        if connection.ended:
-            return
-        if not connection.owed:
-            self._end(connection, "a reply no call was waiting for", MessageLost("unexpected reply"))
-            return
-        call = connection.owed[0]
-        if self.late_replies != "forget" and not reply_fits(call.request, reply):
-            self._end(connection, "a reply that does not fit its request",
-                      MessageLost("upstream out of step: a reply did not fit its request"))
-            return
-        connection.owed.popleft()   # the load-bearing line: a reply settles the oldest call owed
-        connection.answered = True
-        if call.abandoned:
-            connection.abandoned -= 1
-            self._calls.discard(call)
-            self.count("discarded")
-        elif call.is_ping:
-            self._move("up", "initial ping answered")
-        else:
-            call.reply = reply
-            self.count("replies")
-        self.rcache.record_success(self.addr)   # a reply is the proof of health, not a connect
-        if not connection.owed:
-            connection.idle_since = self.clock.now()
-            if self.idle_timeout == 0 and not call.is_ping:
-                self._end(connection, "idle: closed after the last reply (idle_timeout 0)")
-        self._lock.notify_all()
-
-    def _stream_ended(self, connection, problem):
-        """With the lock held: the upstream's EOF (or an overlong line). Quiet only if
-        the connection has carried a reply and owes no call anyone still waits for."""
-        waited_for = len(connection.owed) - connection.abandoned
-        if waited_for:
-            self._end(connection, f"{problem} with {waited_for} call(s) owed", MessageLost(problem))
-        elif not connection.answered:
-            self._end(connection, f"{problem} before any reply",
-                      CommunicationError(f"{problem} before any reply"))
-        else:   # Ocamlnet forgets a timed-out call: its reply, never come, is no error
-            self._end(connection, "upstream closed the idle connection")
-
-    # -- the watchdog thread --
-
-    def _watch(self, connection):
-        """The watchdog thread, on the client's clock, with no call needed: ends the
-        connection once it has been idle for idle_timeout, or once an abandoned
-        call's reply is overdue (one error, every call owed on it lost)."""
-        with self._locked():
-            while not connection.ended:
-                idle_end = connection.idle_deadline(self.idle_timeout) if self.state == "up" else None
-                overdue = connection.overdue_deadline()
-                if idle_end is not None and self.clock.now() >= idle_end:
-                    self._end(connection, f"idle for {as_seconds(self.idle_timeout)}")
-                elif overdue is not None and self.clock.now() >= overdue:
-                    self._end(connection, "an abandoned call's reply is overdue",
-                              MessageLost("a timed-out call's reply never came"))
-                else:
-                    deadlines = [deadline for deadline in (idle_end, overdue) if deadline is not None]
-                    self.clock.wait(self._lock, min(deadlines, default=None))
-
 
 # --- the managed set ---------------------------------------------------------
 
@@ -933,8 +942,10 @@ class ManagedSet(Hooks):
         self.pending_calls_max, self.pending_calls_norm = pending_calls_max, pending_calls_norm
         self.idempotent_max, self.idempotent_wait = idempotent_max, idempotent_wait
         self.clock, self.on_event = clock or RealClock(), on_event
-        # Beyond Ocamlnet, whose default cache never disables: a set of its own fails over.
-        self.rcache = rcache or global_rcache().derive(policy="independent", clock=clock)
+        if rcache is None:   # beyond Ocamlnet, whose default cache never disables: a set of its own fails over
+            rcache = global_rcache().derive(policy="independent", clock=clock)
+            rcache.on_event = on_event   # its disable windows reach the set's hook
+        self.rcache = rcache
         self.client_options = {**client_options, "rcache": self.rcache}
         self.clients = [[] for _ in self.services]   # per service, in creation order
         self._lock = threading.Condition()   # guards clients and _shut; shut_down() notifies it
