@@ -663,6 +663,11 @@ class ManagedClient(ConnectionThreads):
         with self._lock:
             self.reserved += 1
 
+    def release(self):
+        """Give back a pick's reservation without calling (call() ends one by itself)."""
+        with self._lock:
+            self.reserved = max(self.reserved - 1, 0)
+
     # -- the lock and the hooks --
 
     @contextlib.contextmanager

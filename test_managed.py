@@ -874,6 +874,8 @@ def test_a_malformed_request_after_pick_releases_the_reservation():
         client.call(b"GET a")
     assert managed_set.load() == [0]
     assert managed_set.pick()[0] is client
+    client.release()   # a pick given back without a call
+    assert managed_set.load() == [0]
     managed_set.shut_down()
 
 
