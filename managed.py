@@ -851,7 +851,7 @@ class ManagedClient(ConnectionThreads):
             if call.abandoned:   # its reply will never come and nobody waits: no longer pending
                 self._calls.discard(call)
         if connection.sock:
-            shutdown(connection.sock)   # wakes the reader thread, which closes the socket
+            shutdown(connection.sock)   # wakes the reader thread; the last of it and a writer closes the socket
         if self.connection is connection:
             self.connection = None
             self._move("down", reason)
@@ -890,19 +890,20 @@ class ManagedClient(ConnectionThreads):
             connection.writing = True
             connection.owed.append(call)
             self.count("sent")
+        written, broken = False, None
         try:
-            problem = None if connection.write(request, call.deadline, self.clock) else "timeout"
+            written = connection.write(request, call.deadline, self.clock)
         except OSError as error:
-            problem = error.strerror or str(error)
+            broken = error.strerror or str(error)
         with self._locked():
             connection.writing = False
             self._lock.notify_all()
-            if problem == "timeout":   # part of a request may be on the wire: the connection is unusable
+            if broken:
+                self._end(connection, f"send failed: {broken}", MessageLost(f"send failed: {broken}"))
+            elif not written:   # part of a request may be on the wire: the connection is unusable
                 self._end(connection, "a request not written in time",
                           MessageLost("a request not written in time closed the connection"))
                 call.error = MessageTimeout(f"request not sent within {as_seconds(self.msg_timeout)}")
-            elif problem:
-                self._end(connection, f"send failed: {problem}", MessageLost(f"send failed: {problem}"))
             connection.close_if_unused()
         return True
 
