@@ -404,7 +404,7 @@ def test_a_reply_that_answers_another_request_is_an_err_line_never_a_wrong_answe
         client.send(b"GET beta\n")
         assert client.read_line() in (b"beta=BBBBBBBBBBBB\n", b"ERR upstream: out of step: b'EXTRA\\n' "
                                       b"does not answer b'GET beta\\n'\n")
-        assert proxy.dirty == 1
+        assert proxy.dirty in (1, 2)   # beta's own EXTRA may come in the same recv() as its reply
 
 
 def test_an_idle_connection_that_speaks_unasked_is_closed_before_it_is_lent():
