@@ -245,9 +245,9 @@ class ReliabilityCache(Hooks):
     every setting it is not given; a cache built with parent= directly owns the
     defaults of the settings it is not given, except availability and clock.
     """
-    counters = {"errors": 0, "successes": 0, "disables": []}
+    counters = {"errors": 0, "successes": 0, "disables": 0}
     # errors     record_error() calls; successes  record_success() calls
-    # disables   (key, start, end, reason) per window opened; key is an (ip, port) or an ip
+    # disables   windows opened; bumped by record_error() after it logs the window in `windows`
 
     def __init__(self, policy="none", threshold=1, disable_timeout_min=1.0, disable_timeout_max=64.0,
                  availability=None, clock=None, *, parent=None, on_event=None):
@@ -259,6 +259,8 @@ class ReliabilityCache(Hooks):
         self._lock = threading.Lock()   # guards _entries and _hosts
         self._entries = {}              # (ip, port) -> Entry
         self._hosts = {}                # ip -> HostEntry, under a host policy only
+        self.windows = collections.deque(maxlen=64)   # the latest (key, start, end, reason) windows;
+                                                      # key is an (ip, port) or an ip
 
     def configure(self, **config):
         """Change settings in place, for every user of this cache, at any time; None
@@ -316,7 +318,8 @@ class ReliabilityCache(Hooks):
             with self._lock:
                 opened = self._error(addr, now)
             for window in opened:
-                self.count("disables", window)
+                self.windows.append(window)
+                self.count("disables")
                 if self.on_event:
                     owed.append((self.on_event, self, ("disabled",) + window))
         if self.parent:

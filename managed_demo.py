@@ -257,7 +257,7 @@ def failover():
             tried = "; ".join(f"{names[index]} {result}" for _, _, index, result in attempts)
             print(f"  t={clock.now()}s GET k -> {reply}   tried: {tried}")
         print("disable windows of A:")
-        for _, start, end, reason in cache.disables:
+        for _, start, end, reason in cache.windows:
             print(f"  t={start}s to t={end}s ({end - start}s): {reason}")
         print(f"A enabled now: {cache.is_enabled(first.addr)}")
         managed_set.shut_down()

@@ -60,13 +60,13 @@ def test_disable_windows_double_1_2_4_to_64_then_stay_at_64_and_a_success_resets
     windows = []
     for _ in range(9):
         cache.record_error(A)
-        _, start, end, _ = cache.disables[-1]
+        _, start, end, _ = cache.windows[-1]
         windows.append(end - start)
         clock.advance(end - clock.now())   # to the first instant the port is enabled again
     assert windows == [1, 2, 4, 8, 16, 32, 64, 64, 64]
     cache.record_success(A)
     cache.record_error(A)
-    _, start, end, _ = cache.disables[-1]
+    _, start, end, _ = cache.windows[-1]
     assert end - start == 1.0
 
 
@@ -77,30 +77,30 @@ def test_threshold_counts_errors_in_a_row_and_errors_while_disabled_do_not_exten
     cache.record_error(A)
     assert cache.is_enabled(A)
     cache.record_error(A)
-    assert not cache.is_enabled(A) and len(cache.disables) == 1
+    assert not cache.is_enabled(A) and cache.disables == 1
     clock.advance(0.5)
     cache.record_error(A)   # while disabled: counted, window unchanged
-    assert cache.errors == 4 and len(cache.disables) == 1 and cache.disables[0][2] == 1.0
+    assert cache.errors == 4 and cache.disables == 1 and cache.windows[0][2] == 1.0
     clock.advance(0.4999)
     assert not cache.is_enabled(A)
     clock.advance(0.0001)
     assert cache.is_enabled(A)   # from the instant now() >= disabled_until
     cache.record_error(A)        # still at or above the threshold: one error disables again
-    assert cache.disables[-1][1:3] == (1.0, 3.0)
+    assert cache.windows[-1][1:3] == (1.0, 3.0)
 
 
 def test_policy_none_counts_errors_but_never_disables():
     cache = ReliabilityCache(clock=VirtualClock())
     for _ in range(5):
         cache.record_error(A)
-    assert cache.errors == 5 and cache.disables == [] and cache.is_enabled(A)
+    assert cache.errors == 5 and cache.disables == 0 and cache.is_enabled(A)
 
 
 def test_any_failing_port_disables_its_host_but_not_another_loopback_host():
     cache = ReliabilityCache(policy="any_failing_port_disables_host", clock=VirtualClock())
     cache.record_error(A)
     assert not cache.is_enabled(B) and cache.is_enabled(OTHER_HOST)
-    assert [key for key, *_ in cache.disables] == [A, "127.0.0.2"]
+    assert [key for key, *_ in cache.windows] == [A, "127.0.0.2"]
 
 
 def test_failing_port_disables_host_only_for_the_named_port():
@@ -165,14 +165,14 @@ def test_each_window_lasts_min_doubled_per_disable_since_the_last_success_capped
             if clock.now() >= window_end and errors >= threshold:
                 disables, opened = disables + 1, opened + 1
                 window_end = clock.now() + min(2.0 ** (disables - 1), 64.0)
-                assert cache.disables[-1][1:3] == (clock.now(), window_end)
+                assert cache.windows[-1][1:3] == (clock.now(), window_end)
         elif step == "success":
             cache.record_success(A)
             errors = disables = 0
             window_end = -1.0
         else:
             clock.advance(step)
-        assert len(cache.disables) == opened
+        assert cache.disables == opened
         assert cache.is_enabled(A) == (clock.now() >= window_end)
 
 
@@ -212,12 +212,12 @@ def test_a_lowered_disable_timeout_max_caps_a_window_that_has_already_grown():
     cache = ReliabilityCache(policy="independent", clock=clock)
     for _ in range(4):   # windows of 1, 2, 4 and 8 s: the next would last 16
         cache.record_error(A)
-        clock.advance(cache.disables[-1][2] - clock.now())
+        clock.advance(cache.windows[-1][2] - clock.now())
     cache.configure(disable_timeout_max=2.0)
     cache.record_error(A)   # the fifth window: 2 s, not 16
     clock.advance(2.0)
     cache.record_error(A)   # and the sixth stays at the new max
-    assert [end - start for _, start, end, _ in cache.disables] == [1, 2, 4, 8, 2, 2]
+    assert [end - start for _, start, end, _ in cache.windows] == [1, 2, 4, 8, 2, 2]
 
 
 def test_a_setting_derived_as_none_is_inherited_the_clock_included():
@@ -227,7 +227,7 @@ def test_a_setting_derived_as_none_is_inherited_the_clock_included():
     assert child.clock is clock and child.setting("threshold") == 2 and child.setting("policy") == "independent"
     child.record_error(A)
     child.record_error(A)
-    assert not child.is_enabled(A) and child.disables[-1][1:3] == (0.0, 3.0)
+    assert not child.is_enabled(A) and child.windows[-1][1:3] == (0.0, 3.0)
     child.configure(disable_timeout_min=None)   # inherited again
     assert child.setting("disable_timeout_min") == 1.0
 
@@ -679,7 +679,7 @@ def test_an_answered_initial_ping_is_a_success_that_resets_the_cache_entry():
         upstream.wait_held(1)
         assert client.state == "up" and (cache.successes, client.replies) == (1, 0)
         cache.record_error(upstream.addr)   # one in a row again, not two: still enabled
-        assert cache.is_enabled(upstream.addr) and cache.disables == []
+        assert cache.is_enabled(upstream.addr) and cache.disables == 0
         upstream.release()
         assert call.result() == "a=AAAAAAAAAAAA"
         client.shut_down()
@@ -925,7 +925,7 @@ def test_a_host_stays_disabled_until_its_last_failing_ports_window_ends():
     assert not cache.is_enabled(third)
     cache.record_success(B)
     assert cache.is_enabled(third)
-    assert [(key, start, end) for key, start, end, _ in cache.disables] == [
+    assert [(key, start, end) for key, start, end, _ in cache.windows] == [
         (A, 0.0, 1.0), ("127.0.0.2", 0.0, 1.0), (B, 0.5, 1.5), ("127.0.0.2", 0.5, 1.5)]
 
 
