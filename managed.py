@@ -42,7 +42,7 @@ when given no rcache, a cache of its own derived from the global one with policy
 a service this call has not tried.
 
 Out of step: the line protocol has no request ids, so a reply is matched to the
-oldest call owed; a reply that cannot answer that call (reply_fits), or a line when
+oldest call owed; a reply that cannot answer that call (LINES.fits), or a line when
 no call is owed, proves the connection out of step, and it is ended: every call owed
 on it gets MessageLost, never another call's reply.
 
@@ -81,7 +81,7 @@ import socket
 import threading
 import time
 
-from tcp_proxy import MAX_LINE, FramedProxy, Hooks, LineTooLong, Server, read_lines, shutdown
+from tcp_proxy import LINES, MAX_LINE, FramedProxy, Hooks, LineTooLong, Server, read_lines, shutdown
 
 
 # --- time --------------------------------------------------------------------
@@ -416,19 +416,6 @@ def check_request(request):
         raise ValueError(f"a request is one line of bytes ending in b'\\n', not {request!r:.60}")
 
 
-def reply_fits(request, reply):
-    """True if `reply` can answer `request` in the line protocol: PING -> PONG,
-    GET k -> k=... or ERR ...; anything else -> ERR .... A reply that fails this is
-    proof the connection is out of step; one that passes may still be another
-    GET's reply for the same key, which no line protocol without ids can tell."""
-    command, *keys = request.rstrip(b"\r\n").split(b" ")
-    if command == b"PING" and not keys:
-        return reply == b"PONG\n"
-    if reply.startswith(b"ERR "):
-        return True
-    return command == b"GET" and len(keys) == 1 and reply.startswith(keys[0] + b"=")
-
-
 def peer_has_closed(sock):
     """True if the upstream's EOF is already waiting on this socket."""
     try:
@@ -542,7 +529,7 @@ class ConnectionThreads(Hooks):
             self._end(connection, "a reply no call was waiting for", MessageLost("unexpected reply"))
             return
         call = connection.owed[0]
-        if self.late_replies != "forget" and not reply_fits(call.request, reply):
+        if self.late_replies != "forget" and not LINES.fits(call.request, reply):
             self._end(connection, "a reply that does not fit its request",
                       MessageLost("upstream out of step: a reply did not fit its request"))
             return
