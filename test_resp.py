@@ -1,0 +1,107 @@
+"""resp.py: RESP replies framed whole, however the bytes are cut, at any depth."""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from resp import RESP, reply_size
+
+# --- an encoder, for the tests only ---------------------------------------------------------
+
+simple_text = st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=["Cs"]), max_size=12)
+scalars = st.one_of(
+    simple_text.map(lambda text: b"+" + text.encode() + b"\r\n"),
+    simple_text.map(lambda text: b"-ERR " + text.encode() + b"\r\n"),
+    st.integers(-2**63, 2**63 - 1).map(lambda number: b":%d\r\n" % number),
+    st.binary(max_size=40).map(lambda data: b"$%d\r\n%s\r\n" % (len(data), data)),   # \r\n inside too
+    st.just(b"$-1\r\n"),
+    st.just(b"*-1\r\n"),
+)
+replies = st.recursive(scalars, lambda elements: st.lists(elements, max_size=4).map(
+    lambda items: b"*%d\r\n" % len(items) + b"".join(items)), max_leaves=20)
+
+
+def frame_stream(chunks):
+    """What a pool does: buffer the chunks as they come and cut a reply off whenever
+    reply_size() says one has ended. Returns the replies and the bytes left over."""
+    framed, buffer = [], b""
+    for chunk in chunks:
+        buffer += chunk
+        while (size := reply_size(buffer)) is not None:
+            framed.append(buffer[:size])
+            buffer = buffer[size:]
+    return framed, buffer
+
+
+def cut(data, points):
+    points = sorted({point % (len(data) + 1) for point in points})
+    edges = [0] + points + [len(data)]
+    return [data[start:end] for start, end in zip(edges, edges[1:])]
+
+
+# --- the properties ---------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(sent=st.lists(replies, min_size=1, max_size=5), points=st.lists(st.integers(0, 10**6), max_size=12))
+def test_any_replies_cut_anywhere_are_framed_back_exactly_as_sent(sent, points):
+    framed, left = frame_stream(cut(b"".join(sent), points))
+    assert framed == sent and left == b""
+
+
+@settings(max_examples=50, deadline=None)
+@given(reply=replies, ends=st.lists(st.integers(0, 10**6), min_size=1, max_size=8))
+def test_a_strict_prefix_of_a_reply_is_unfinished_and_the_whole_fits_a_command_of_any_type(reply, ends):
+    for end in {end % len(reply) for end in ends} | {0, len(reply) - 1}:
+        assert reply_size(reply[:end]) is None
+    assert reply_size(reply) == len(reply)
+    assert RESP.fits(b"WHATEVER k\r\n", reply)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3000])
+def test_arrays_nested_deeper_than_pythons_recursion_limit_are_framed(depth):
+    reply = b"*1\r\n" * depth + b"$5\r\nhello\r\n"
+    assert reply_size(reply + b"+next\r\n") == len(reply)
+
+
+# --- the cases a reader checks by hand -------------------------------------------------------
+
+@pytest.mark.parametrize("buffer, size", [
+    (b"$5\r\nhello\r\n$5\r\nworld\r\n", 11),   # GET's reply: two lines, one reply
+    (b"$5\r\nhello\r\n", 11),
+    (b"$5\r\nhello\r", None),
+    (b"$5\r\n", None),                            # where a line framing stops
+    (b"$-1\r\n+OK\r\n", 5),                       # GET of a missing key
+    (b"*-1\r\n", 5),
+    (b"*0\r\n", 4),
+    (b"*2\r\n*1\r\n:1\r\n$3\r\na\r\n\r\n", 21),  # a bulk string may hold \r\n
+    (b"*2\r\n*1\r\n:1\r\n", None),
+    (b"-ERR wrong type\r\n", 17),
+    (b":-42\r\n", 6),
+    (b"", None),
+], ids=lambda value: repr(value) if isinstance(value, bytes) else str(value))
+def test_reply_size_by_hand(buffer, size):
+    assert RESP.reply_size(buffer) == size
+    assert RESP.reply_size(bytearray(buffer)) == size
+
+
+@pytest.mark.parametrize("buffer", [
+    b"hello\r\n",            # the tail of a bulk string, read as if it were a reply
+    b"$5\r\nhello!!\r\n",    # more bytes than the length says
+    b"$-2\r\n", b"$05\r\nhello\r\n", b"$x\r\n", b"*-2\r\n", b":1.5\r\n", b":\r\n",
+    b"+OK\n",                # a bare \n
+    b"\r\n",
+    b"$2000000\r\n",         # longer than max_reply: it could never be buffered
+])
+def test_bytes_no_reply_starts_with_are_a_value_error(buffer):
+    with pytest.raises(ValueError):
+        RESP.reply_size(buffer)
+
+
+def test_fits_wants_one_whole_reply_of_a_type_the_command_can_get():
+    assert RESP.fits(b"GET a\r\n", b"$5\r\nhello\r\n")
+    assert RESP.fits(b"GET a\r\n", b"$-1\r\n")
+    assert RESP.fits(b"get a\r\n", b"-ERR wrong type\r\n")
+    assert not RESP.fits(b"GET a\r\n", b"$5\r\n")          # the head of a reply
+    assert not RESP.fits(b"GET b\r\n", b"hello\r\n")       # the tail of another's
+    assert not RESP.fits(b"GET a\r\n", b"+OK\r\n")         # SET's kind of answer
+    assert not RESP.fits(b"GET a\r\n", b"$1\r\na\r\n+OK\r\n")   # two replies
+    assert RESP.fits(b"PING\r\n", b"+PONG\r\n")
+    assert RESP.max_reply == 1 << 20
