@@ -76,10 +76,10 @@ class TaggedUpstream(Server):
                            its own thread after its delay, but written in arrival order,
                            as a pipelined protocol without ids must
     """
-    counters = {**Server.counters, "requests": [], "ready": 0, "replies": 0}
+    counters = {**Server.counters, "requests": [], "ready": 0, "replies": []}
     # requests  request lines parsed (id included), in arrival order; bumped by the reader
     # ready     replies whose delay and pause are over; bumped on the request's thread
-    # replies   replies written whole; bumped on the request's thread after sendall()
+    # replies   reply lines written whole, in the order written; bumped after sendall()
 
     def __init__(self, delays=None, pause=None, tagged=True):
         super().__init__()
@@ -125,7 +125,7 @@ class TaggedUpstream(Server):
                 order.wait_turn(number)   # the load-bearing wait of in-order pipelining
             with write_lock, contextlib.suppress(OSError):   # a client that has gone reads nothing
                 conn.sendall(reply)
-                self.count("replies")
+                self.count("replies", reply.decode("utf-8", "replace").rstrip("\n"))
         finally:
             order.done(number)   # even a failed reply ends its turn, so none after it waits for ever
             in_flight.release()
