@@ -200,6 +200,16 @@ def one_at_a_time(proxy_addr, keys, stack):
     return crowd, replies
 
 
+def whose(reply, key, values):
+    """What a reply read by line is, for the transcript: right, a head, or someone's value."""
+    if reply == bulk(values[key]):
+        return "right"
+    for owner, value in values.items():
+        if reply == value.encode() + b"\r\n":
+            return "its own value" if owner == key else f"WRONG: the value of {owner}"
+    return "the first line of a reply" if reply.startswith(b"$") else "WRONG"
+
+
 def line_pool():
     values = {"a": "hello", "b": "world", "c": "again"}
     with contextlib.ExitStack() as stack:
@@ -210,7 +220,7 @@ def line_pool():
         pool = stack.enter_context(demo.TrustingPool(redis.addr, pool_cap=1, framing=tcp_proxy.LINES))
         crowd, replies = one_at_a_time(pool.addr, list(values), stack)
         for client, key, reply in zip(crowd, values, replies):
-            print(f"  {client.name} asked GET {key:<2} got {demo.show(reply)}")
+            print(f"  {client.name} asked GET {key:<2} got {demo.show(reply):<21} {whose(reply, key, values)}")
         print(f"  connections opened: {pool.opened}")
         head, tail = bulk("hello")[:4], bulk("hello")[4:]
         print(f"  verdict: the line framing stops after {head!r}; the rest, {tail!r}, stays on the "
@@ -230,9 +240,11 @@ def checked_line_pool():
             print(f"  {client.name} asked GET {key:<2} got {demo.show(reply)}")
         tails = {value.encode() + b"\r\n" for value in values.values()}   # what a misdelivery looks like
         misdelivered = sum(reply in tails for reply in replies)
-        print(f"  connections opened: {proxy.opened}   values delivered to anyone: {misdelivered}")
-        print("  verdict: still the wrong framing, so no right answer either, but the out-of-step checks "
-              "close every connection with bytes left on it: nobody reads another's value")
+        print(f"  connections opened: {proxy.opened}   closed as out of step: {proxy.dirty}   "
+              f"values delivered to anyone: {misdelivered}")
+        print("  verdict: still the wrong framing, so no right answer, but fits() sees that b'$5\\r\\n' "
+              "cannot answer a GET of the line protocol: an ERR line and a closed connection, "
+              "never another's value")
 
 
 def resp_pool():
@@ -302,11 +314,15 @@ def start_calls(client, lines):
 
 
 def answered_in_order(upstream, keys):
-    """A pause hook: the reply to keys[i] is written only after i replies have been."""
+    """A pause hook: the reply to keys[i] is written only after i replies have been
+    (counting every reply the upstream wrote); a key not in keys is not held."""
     position = {key: index for index, key in enumerate(keys)}
-    return lambda key: upstream.wait_until(
-        lambda: upstream.level("replies") >= position[key] or upstream.closed,
-        f"reply {position[key] + 1} of {keys}")
+
+    def pause(key):
+        if key in position:
+            upstream.wait_until(lambda: upstream.level("replies") >= position[key] or upstream.closed,
+                                f"reply {position[key] + 1} of {keys}")
+    return pause
 
 
 def out_of_order():
@@ -329,7 +345,8 @@ def slow_key():
     fast = ["GET a", "GET b", "GET c"]
     held = threading.Event()
     with TaggedUpstream() as upstream, TaggedClient(upstream.addr) as client:
-        upstream.pause = lambda key: held.wait(Hooks.hook_timeout) if key == "slow" else None
+        fast_in_order = answered_in_order(upstream, [line.split()[1] for line in fast])
+        upstream.pause = lambda key: held.wait(Hooks.hook_timeout) if key == "slow" else fast_in_order(key)
         calls = start_calls(client, ["GET slow"] + fast)
         fast_results = [call.result() for call in calls[1:]]   # with head-of-line blocking: a hook timeout
         upstream.wait_replies(len(fast))
@@ -355,8 +372,16 @@ def slow_key():
 def late_reply():
     with TaggedUpstream() as upstream, TaggedClient(upstream.addr) as client:
         # the slow reply leaves only after its call has given up and the next call is
-        # on the wire, so it arrives while another call is owed
-        upstream.pause = lambda key: client.wait_sent(2) if key == "slow" else None
+        # on the wire, and the next reply only after it, so the late reply arrives
+        # while another call is owed
+        in_turn = answered_in_order(upstream, ["slow", "next"])
+
+        def pause(key):
+            if key == "slow":
+                client.wait_sent(2)
+            in_turn(key)
+
+        upstream.pause = pause
         slow = InBackground(client.call, b"GET slow\n", 0.05)
         client.wait_timeouts(1)
         print(f"  GET slow (msg_timeout 0.05 s) -> {slow.result()}")
