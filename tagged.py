@@ -220,6 +220,9 @@ class TaggedClient(Hooks):
         msg_timeout, if given, replaces the client's for this call alone."""
         if not line.endswith(b"\n") or b"\n" in line[:-1]:
             raise ValueError(f"a request is one line ending in b'\\n', not {line[:40]!r}")
+        if msg_timeout is None:
+            msg_timeout = self.msg_timeout
+        deadline = None if msg_timeout < 0 else time.monotonic() + msg_timeout   # from the call's start
         call = Call()
         with self._lock:
             if self.failure:
@@ -234,9 +237,6 @@ class TaggedClient(Hooks):
             self.count("sent")
         except OSError as error:   # this call is owed, so _break() fails it too
             self._break(f"sending failed: {error}")
-        if msg_timeout is None:
-            msg_timeout = self.msg_timeout
-        deadline = None if msg_timeout < 0 else time.monotonic() + msg_timeout
         with self._lock:
             while not call.settled:
                 remaining = None if deadline is None else deadline - time.monotonic()
