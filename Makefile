@@ -68,7 +68,7 @@ bench-part3:
 
 # The randomized proof at 10,000 examples instead of the suite's 200 (minutes, not seconds).
 soak: $(VENV_PYTHON)
-	SOAK=10000 $(VENV_PYTHON) -m pytest -q test_properties.py
+	SOAK=10000 $(VENV_PYTHON) -m pytest -q test_properties.py test_resp.py test_tagged.py
 
 clean:
 	rm -rf $(VENV) .demo-hashes .managed-hashes .part3-hashes .pytest_cache .hypothesis __pycache__

@@ -1,8 +1,18 @@
-"""resp.py: RESP replies framed whole, however the bytes are cut, at any depth."""
+"""resp.py: RESP replies framed whole, however the bytes are cut, at any depth; and the
+real redis-server that demo.py --part3 runs them against."""
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import part3_demo
 from resp import RESP, reply_size
+
+EXAMPLES = int(os.environ.get("SOAK", "40"))   # `make soak` raises it; the suite stays fast
 
 # --- an encoder, for the tests only ---------------------------------------------------------
 
@@ -39,14 +49,14 @@ def cut(data, points):
 
 # --- the properties ---------------------------------------------------------------------
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(sent=st.lists(replies, min_size=1, max_size=5), points=st.lists(st.integers(0, 10**6), max_size=12))
 def test_any_replies_cut_anywhere_are_framed_back_exactly_as_sent(sent, points):
     framed, left = frame_stream(cut(b"".join(sent), points))
     assert framed == sent and left == b""
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(reply=replies, ends=st.lists(st.integers(0, 10**6), min_size=1, max_size=8))
 def test_a_strict_prefix_of_a_reply_is_unfinished_and_the_whole_fits_a_command_of_any_type(reply, ends):
     for end in {end % len(reply) for end in ends} | {0, len(reply) - 1}:
@@ -105,3 +115,50 @@ def test_fits_wants_one_whole_reply_of_a_type_the_command_can_get():
     assert not RESP.fits(b"GET a\r\n", b"$1\r\na\r\n+OK\r\n")   # two replies
     assert RESP.fits(b"PING\r\n", b"+PONG\r\n")
     assert RESP.max_reply == 1 << 20
+
+
+# --- the real server (part3_demo.RedisServer, demo.py --part3) ----------------------------------
+
+HERE = pathlib.Path(__file__).parent
+
+
+def need_redis():
+    """Skip without redis-server, except in CI (CI=true), where its absence is a failure."""
+    if not part3_demo.redis_available():
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is not on PATH, and CI must run Part three's tests: "
+                        "`make redis-server` installs it")
+        pytest.skip("redis-server is not on PATH (`make redis-server` installs it)")
+
+
+def test_redis_server_is_stopped_and_waited_for_and_its_directory_removed_when_the_block_fails():
+    need_redis()
+    with pytest.raises(RuntimeError, match="a scenario failed"):
+        with part3_demo.RedisServer() as redis:
+            process, directory = redis.process, pathlib.Path(redis._directory.name)
+            control = part3_demo.RedisControl(redis.addr)
+            assert control.command("PING") == b"+PONG\r\n"
+            assert control.command("CONFIG GET save") == b"*2\r\n$4\r\nsave\r\n$0\r\n\r\n"
+            assert control.command("CONFIG GET appendonly") == b"*2\r\n$10\r\nappendonly\r\n$2\r\nno\r\n"
+            control.close()
+            raise RuntimeError("a scenario failed")
+    assert process.returncode is not None and not directory.exists()
+
+
+def test_redis_server_tries_another_port_when_its_first_one_is_taken(monkeypatch):
+    need_redis()
+    with socket.create_server(("127.0.0.1", 0)) as squatter:
+        ports = iter([squatter.getsockname()[1], part3_demo.free_port()])
+        monkeypatch.setattr(part3_demo, "free_port", lambda: next(ports))
+        with part3_demo.RedisServer() as redis:
+            assert redis.addr[1] != squatter.getsockname()[1]
+            control = part3_demo.RedisControl(redis.addr)
+            assert control.command("PING") == b"+PONG\r\n"
+            control.close()
+
+
+def test_demo_part3_without_redis_prints_one_line_on_how_to_install_it_and_exits_0():
+    run = subprocess.run([sys.executable, "demo.py", "--part3"], cwd=HERE, capture_output=True, timeout=60,
+                         env={**os.environ, "PATH": "/nonexistent"})
+    assert (run.stdout.decode(), run.returncode) == (part3_demo.INSTALL_HINT + "\n", 0)
+    assert "apt-get install redis-server" in part3_demo.INSTALL_HINT

@@ -1,4 +1,5 @@
 """tagged.py: every reply reaches the call that owns its id, in any order, over one connection."""
+import os
 import socket
 import threading
 
@@ -7,6 +8,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tagged import (CallTimeout, ConnectionBroken, TaggedClient, TaggedUpstream, parse_tagged)
 from tcp_proxy import Server, answer, read_lines
+
+EXAMPLES = int(os.environ.get("SOAK", "25"))   # `make soak` raises it; the suite stays fast
 
 
 def in_threads(work, arguments):
@@ -75,7 +78,7 @@ def test_replies_written_in_reverse_order_each_reach_their_own_caller():
             answer(get(key)[:-1]).decode().rstrip("\n") for key in keys[::-1]]   # the wire order
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), count=st.integers(1, 10))
 def test_any_reply_order_with_some_calls_timed_out_gives_every_reply_to_its_caller(data, count):
     keys = [f"k{index}" for index in range(count)]
