@@ -1,14 +1,24 @@
 """part3_demo: the scenarios of `python3 demo.py --part3`, framing for real.
 
 The first four run against a real redis-server found on PATH, one started for
-each scenario (RedisServer, below): the same misdelivery as Part one, this time
-with RESP, whose bulk string reply spans two lines. The last three need no Redis:
-request ids (tagged.py) let replies come back in any order over one connection.
+each scenario: the misdelivery of Part one again, this time with RESP, whose
+bulk string reply spans two lines. The last three need no Redis: request ids
+(tagged.py) let replies come back in any order over one connection.
+
+Map of the module, in reading order:
+
+    RedisServer        scaffolding: redis-server on 127.0.0.1 and a free port, no
+                       persistence, in a temporary directory; close() stops it and
+                       waits for it, whatever happened
+    RedisControl       scaffolding: the scenario's own connection to Redis, for SET
+    read_resp()        one whole RESP reply from a socket, framed by resp.reply_size()
+    naive_redis ... resp_pool           the four scenarios against Redis
+    out_of_order, slow_key, late_reply  the three scenarios of request ids
 
 The transcript is the same bytes on every run: no port, time or thread id is
-printed, and no step sleeps. Against Redis, the order of events is fixed with
-Redis's own CLIENT PAUSE (commands wait until CLIENT UNPAUSE) and with the
-proxies' hooks; against TaggedUpstream, with its pause(key) hook.
+printed, and no step sleeps. Against Redis the order of events is fixed by the
+proxies' hooks and by Redis itself (it answers one connection's commands in
+order, and BLPOP waits for a push); against TaggedUpstream, by its pause(key) hook.
 """
 import contextlib
 import os
