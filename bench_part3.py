@@ -14,8 +14,9 @@ client sends GET slow, then N fast GETs behind it, and times each reply.
 The prediction, printed before the measurement: in order, every fast reply waits
 behind the slow one, so its latency is about the slow delay (never less: the
 upstream cannot write it before the slow reply, which it writes after the
-delay); tagged, a fast reply's latency is a round trip plus thread hand-offs,
-milliseconds, whatever the slow delay is. The slow reply takes the delay both
+delay); tagged, a fast reply's latency is a round trip plus thread hand-offs
+(a thread that wants the GIL may wait out its 5 ms switch interval), milliseconds,
+whatever the slow delay is. The slow reply takes the delay both
 ways. Real times: the figures change from run to run and machine to machine.
 """
 import argparse
@@ -88,8 +89,8 @@ def main(argv=None):
     print(f"One connection: GET slow ({slow_ms:.0f} ms), then {options.fast} fast GETs behind it; "
           f"medians of {options.trials} trials.")
     print(f"Prediction: in order, every fast reply waits about {slow_ms:.0f} ms (never less);")
-    print("            tagged, a fast reply takes a round trip (a few ms); the slow one "
-          f"takes {slow_ms:.0f} ms both ways.")
+    print("            tagged, a fast reply waits for nothing but a round trip and thread hand-offs")
+    print(f"            (milliseconds, far below {slow_ms:.0f}); the slow reply takes {slow_ms:.0f} ms both ways.")
     figures = head_of_line(options.slow, options.fast, options.trials)
     print("              slow reply   fast replies: median   max")
     for name, (slow_latency, fast_median, fast_max) in figures.items():
