@@ -157,6 +157,13 @@ def test_redis_server_tries_another_port_when_its_first_one_is_taken(monkeypatch
             control.close()
 
 
+def test_demo_part3_prints_the_checked_in_transcript():
+    need_redis()
+    run = subprocess.run([sys.executable, "demo.py", "--part3"], cwd=HERE, capture_output=True, timeout=60)
+    assert run.stderr == b"" and run.returncode == 0
+    assert run.stdout == (HERE / "transcripts" / "part3.txt").read_bytes()
+
+
 def test_demo_part3_without_redis_prints_one_line_on_how_to_install_it_and_exits_0():
     run = subprocess.run([sys.executable, "demo.py", "--part3"], cwd=HERE, capture_output=True, timeout=60,
                          env={**os.environ, "PATH": "/nonexistent"})
