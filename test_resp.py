@@ -5,12 +5,14 @@ import pathlib
 import socket
 import subprocess
 import sys
+import types
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import part3_demo
 from resp import RESP, reply_size
+from tcp_proxy import FramedProxy, Server, read_lines
 
 EXAMPLES = int(os.environ.get("SOAK", "40"))   # `make soak` raises it; the suite stays fast
 
@@ -169,3 +171,61 @@ def test_demo_part3_without_redis_prints_one_line_on_how_to_install_it_and_exits
                          env={**os.environ, "PATH": "/nonexistent"})
     assert (run.stdout.decode(), run.returncode) == (part3_demo.INSTALL_HINT + "\n", 0)
     assert "apt-get install redis-server" in part3_demo.INSTALL_HINT
+
+
+# --- resp.RESP inside the pool: FramedProxy(framing=resp.RESP) -----------------------------------
+
+class ScriptedRedis(Server):
+    """A fake Redis: the reply to each request line is the next of `replies`, each written
+    as its list of parts; before part k > 1 it calls between(reply number, k)."""
+
+    def __init__(self, replies, between=lambda reply_number, part: None):
+        super().__init__()
+        self.replies, self.between = list(replies), between
+
+    def handle(self, conn):
+        for number, _ in enumerate(read_lines(conn), 1):
+            for part_number, part in enumerate(self.replies[number - 1], 1):
+                if part_number > 1:
+                    self.between(number, part_number)
+                conn.sendall(part)
+
+
+def ask_through(proxy, requests):
+    """Send each request through the proxy; read each reply whole, framed as RESP."""
+    with socket.create_connection(proxy.addr, timeout=10) as sock:
+        reader = types.SimpleNamespace(sock=sock, unread=b"")   # what read_resp() reads from
+        replies = []
+        for request in requests:
+            sock.sendall(request)
+            replies.append(part3_demo.read_resp(reader))
+        return replies
+
+
+def test_the_resp_pool_waits_through_a_reply_cut_after_its_length_line_and_inside_an_array():
+    proxy = None
+
+    def until_the_pool_went_back_for_more(reply_number, part):
+        proxy.wait_partial_replies(sum(len(parts) - 1 for parts in cut_replies[:reply_number - 1]) + part - 1)
+
+    cut_replies = [[b"$5\r\n", b"hello\r\n"],                                  # where a line framing stops
+                   [b"*2\r\n$3\r\none\r\n", b"*1\r\n:7", b"\r\n"]]             # inside a nested array
+    with ScriptedRedis(cut_replies, until_the_pool_went_back_for_more) as upstream, \
+            FramedProxy(upstream.addr, framing=RESP) as proxy:
+        replies = ask_through(proxy, [b"GET a\r\n", b"LRANGE l 0 -1\r\n"])
+        assert replies == [b"$5\r\nhello\r\n", b"*2\r\n$3\r\none\r\n*1\r\n:7\r\n"]
+        assert (proxy.opened, proxy.released, proxy.dirty, proxy.partial_replies) == (1, 2, 0, 3)
+
+
+def test_the_resp_pool_closes_a_connection_with_bytes_past_a_reply_and_refuses_a_reply_of_the_wrong_type():
+    with ScriptedRedis([[b"$5\r\nhello\r\n+EXTRA\r\n"], [b"+OK\r\n"]]) as upstream, \
+            FramedProxy(upstream.addr, framing=RESP) as proxy:
+        first = ask_through(proxy, [b"GET a\r\n"])
+        assert first == [b"$5\r\nhello\r\n"]   # the reply stands; the connection does not
+        assert (proxy.opened, proxy.dirty) == (1, 1)
+    with ScriptedRedis([[b"+OK\r\n"]]) as upstream, FramedProxy(upstream.addr, framing=RESP) as proxy:
+        with socket.create_connection(proxy.addr, timeout=10) as sock:
+            sock.sendall(b"GET a\r\n")
+            reply = next(read_lines(sock))
+        assert reply == b"ERR upstream: out of step: b'+OK\\r\\n' does not answer b'GET a\\r\\n'"
+        assert proxy.dirty == 1
