@@ -680,7 +680,7 @@ def record_pool(scenario, trial_function, label_of, in_name_order=False):
                 pause(number)
                 if trial["release"] == "timeout":   # scaffolding: see the docstring
                     wanted = min(number + 1, len(recorder.names))
-                    upstream.wait_until(lambda: upstream.level("requests") >= wanted or upstream.closed,
+                    upstream.wait_until(lambda: upstream.requests >= wanted or upstream.closed,
                                         f"request {wanted} before reply {number}'s rest")
                 connection, data, honest = recorder.thread.reply
                 cut = upstream.split_at or 0
@@ -1058,8 +1058,8 @@ def record_managed(scenario):
 
     def wrap_cache_count(original):
         def count(cache, name, amount=1):
-            if name == "disables":
-                key, start, end, reason = amount
+            if name == "disables":   # bumped just after the window joins `windows`
+                key, start, end, reason = cache.windows[-1]
                 recorder.log("disabled", state["names"].get(key, str(key)), start, end, reason)
             original(cache, name, amount)
         return count
