@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: demo race managed test check golden pictures bench bench-quick soak clean
+.PHONY: demo race managed part3 redis-server test check golden pictures bench bench-quick bench-part3 soak clean
 
 demo:
 	$(PYTHON) demo.py
@@ -15,6 +15,16 @@ race:
 
 managed:
 	$(PYTHON) demo.py --managed
+
+part3:
+	$(PYTHON) demo.py --part3
+
+# Part three needs a real redis-server on PATH. Install Debian's package only when
+# there is none (.ci/run does this; CI runs as root, with no stdin).
+redis-server:
+	@if command -v redis-server >/dev/null; then echo "redis-server: $$(command -v redis-server)"; else \
+	   export DEBIAN_FRONTEND=noninteractive; \
+	   apt-get update && apt-get install -y --no-install-recommends redis-server < /dev/null; fi
 
 $(VENV_PYTHON): requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,14 +43,19 @@ check: test
 	 trap 'kill $$one $$two 2>/dev/null' EXIT; \
 	 for run in $$(seq 20); do $(PYTHON) demo.py | sha256sum; done | sort -u > .demo-hashes; \
 	 for run in $$(seq 20); do $(PYTHON) demo.py --managed | sha256sum; done | sort -u > .managed-hashes; \
+	 for run in $$(seq 20); do $(PYTHON) demo.py --part3 | sha256sum; done | sort -u > .part3-hashes; \
 	 echo "demo.py: $$(cat .demo-hashes)"; echo "demo.py --managed: $$(cat .managed-hashes)"; \
-	 test $$(wc -l < .demo-hashes) -eq 1 && test $$(wc -l < .managed-hashes) -eq 1
+	 echo "demo.py --part3: $$(cat .part3-hashes)"; \
+	 test $$(wc -l < .demo-hashes) -eq 1 && test $$(wc -l < .managed-hashes) -eq 1 && \
+	 test $$(wc -l < .part3-hashes) -eq 1
 	../shared/tools/originality
 
 # Rewrite the checked-in transcripts after an intended change to a demo.
 golden:
 	$(PYTHON) demo.py > transcripts/demo.txt
 	$(PYTHON) demo.py --managed > transcripts/managed.txt
+	command -v redis-server >/dev/null   # without it --part3 prints only how to install it
+	$(PYTHON) demo.py --part3 > transcripts/part3.txt
 
 # Redraw the pictures from the scenarios' runs; look at them before committing.
 pictures:
@@ -52,9 +67,13 @@ bench:
 bench-quick:
 	$(PYTHON) bench.py --quick
 
+# Head-of-line blocking: in-order pipelining against request ids, same upstream.
+bench-part3:
+	$(PYTHON) bench_part3.py
+
 # The randomized proof at 10,000 examples instead of the suite's 200 (minutes, not seconds).
 soak: $(VENV_PYTHON)
-	SOAK=10000 $(VENV_PYTHON) -m pytest -q test_properties.py
+	SOAK=10000 $(VENV_PYTHON) -m pytest -q test_properties.py test_resp.py test_tagged.py
 
 clean:
-	rm -rf $(VENV) .demo-hashes .managed-hashes .pytest_cache .hypothesis __pycache__
+	rm -rf $(VENV) .demo-hashes .managed-hashes .part3-hashes .pytest_cache .hypothesis __pycache__

@@ -7,6 +7,8 @@ same bytes on every run.
     python3 demo.py --race [--trials N]
                                      the same questions unscripted: one run's numbers
     python3 demo.py --managed        the reliability layer's scenarios (managed.py)
+    python3 demo.py --part3          framing for real: a real redis-server, and request
+                                     ids (part3_demo.py; needs redis-server on PATH)
 
 How it stays byte-identical: nothing it prints carries a port, a time or a
 thread id, and no step sleeps. Every step waits on a hook (wait_<counter>(n))
@@ -491,6 +493,7 @@ def main(argv=None):
     parser.add_argument("--race", action="store_true", help="the unscripted twin: one run's numbers")
     parser.add_argument("--trials", type=int, default=20, help="trials per --race row (20)")
     parser.add_argument("--managed", action="store_true", help="the reliability layer's scenarios")
+    parser.add_argument("--part3", action="store_true", help="Part three: real Redis, request ids")
     options = parser.parse_args(argv)
     if options.race:
         race(options.trials)
@@ -499,6 +502,12 @@ def main(argv=None):
     if options.managed:
         import managed_demo   # only this flag needs the second part
         scenarios = managed_demo.SCENARIOS
+    if options.part3:
+        import part3_demo   # only this flag needs Part three (and redis-server)
+        if not part3_demo.redis_available():
+            print(part3_demo.INSTALL_HINT)
+            return 0
+        scenarios = part3_demo.SCENARIOS
     if options.list:
         for name, title, _ in scenarios:
             print(f"{name:<12} {title}")

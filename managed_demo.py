@@ -22,17 +22,25 @@ class FaultyUpstream(Upstream):
 
       close(), then restart()   stop, then listen again on the same port
       fail_next(n, how)         the next n replies: "drop" closes the connection
-                                instead; "cut" sends half the reply, then closes
+                                instead; "cut" sends half the reply, then closes;
+                                "skip" never sends it and carries on; "extra"
+                                sends it, then the same line again, unasked
       silent=True               accept and read, never answer
       hold={1, 2}               hold replies 1 and 2 (counted from 1) until release()
+      on_connect="close"        close every connection as soon as it is accepted
+      on_connect="deaf"         accept, never read a byte, keep it open until close()
     """
     counters = {**Upstream.counters, "faults": 0, "held": 0}
-    # faults  replies dropped or cut; bumped by reply()
+    # faults  replies dropped, cut, skipped or doubled; bumped by reply()
     # held    replies stopped by `hold`; bumped as one starts waiting for release()
 
-    def __init__(self, silent=False, hold=(), **upstream_options):
+    FAULTS = ("drop", "cut", "skip", "extra")
+
+    def __init__(self, silent=False, hold=(), on_connect="serve", **upstream_options):
+        if on_connect not in ("serve", "close", "deaf"):
+            raise ValueError(f"on_connect is 'serve', 'close' or 'deaf', not {on_connect!r}")
         super().__init__(pause=self._hold, **upstream_options)
-        self.silent, self.hold = silent, set(hold)
+        self.silent, self.hold, self.on_connect = silent, set(hold), on_connect
         self.faults_due = collections.deque()
         self._released = threading.Event()
 
@@ -48,9 +56,19 @@ class FaultyUpstream(Upstream):
         self.release()   # a held reply would keep close() waiting for its thread
         super().close()
 
+    def handle(self, conn):
+        if self.on_connect == "close":
+            return   # the server closes the connection as soon as handle() returns
+        if self.on_connect == "deaf":
+            with self._lock:   # close() notifies it
+                while not self.closed:
+                    self._lock.wait()
+            return
+        super().handle(conn)
+
     def fail_next(self, n=1, how="drop"):
-        if how not in ("drop", "cut"):
-            raise ValueError(f"how is 'drop' or 'cut', not {how!r}")
+        if how not in self.FAULTS:
+            raise ValueError(f"how is one of {self.FAULTS}, not {how!r}")
         self.faults_due.extend([how] * n)
 
     def reply(self, conn, data):
@@ -58,9 +76,15 @@ class FaultyUpstream(Upstream):
             return
         if self.faults_due:
             how = self.faults_due.popleft()
+            self.count("faults")
+            if how == "skip":
+                return
+            if how == "extra":
+                super().reply(conn, data)
+                conn.sendall(data)   # a line nobody asked for
+                return
             if how == "cut":
                 conn.sendall(data[:len(data) // 2])
-            self.count("faults")
             shutdown(conn)   # the reading thread sees EOF; the rest of the queue goes nowhere
             raise ConnectionAbortedError(f"fault injected: {how}")
         super().reply(conn, data)
@@ -121,7 +145,7 @@ def ask(addr, requests):
 
 
 def show_transitions(client, first=0):
-    for before, after, reason in client.transitions[first:]:
+    for before, after, reason in list(client.transition_log)[first:]:
         print(f"    {before} -> {after}: {reason}")
 
 
@@ -233,7 +257,7 @@ def failover():
             tried = "; ".join(f"{names[index]} {result}" for _, _, index, result in attempts)
             print(f"  t={clock.now()}s GET k -> {reply}   tried: {tried}")
         print("disable windows of A:")
-        for _, start, end, reason in cache.disables:
+        for _, start, end, reason in cache.windows:
             print(f"  t={start}s to t={end}s ({end - start}s): {reason}")
         print(f"A enabled now: {cache.is_enabled(first.addr)}")
         managed_set.shut_down()

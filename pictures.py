@@ -14,14 +14,15 @@ Map of the module, in reading order:
     Recorder        scaffolding: wraps methods for the length of one run and logs
                     events (who sent or received which bytes); undoes every wrap
     Svg             a few shapes and monospace text; grows to fit what is drawn
-    one section per picture, each a record_*() that runs the scenario and returns
-    its events, then a draw_*() that turns the events into an Svg:
-        interleave.svg        scenario 1 as a byte strip
-        headline.svg          scenario 2 as a sequence diagram
-        release.svg           scenario 6 as two timelines, framed against timeout
-        dirty-return.svg      Part two's scenario 1: the owed queue under three rules
-        failover-windows.svg  Part two's scenario 4 on the virtual clock's axis
-    PICTURES, render_all(), main()
+    a record_*() runs a scenario and returns its Recorder and what it printed;
+    a draw_*() turns the events into an Svg:
+        record_naive_relay   interleave.svg   scenario 1 as a byte strip
+                             headline.svg     scenario 2 as a sequence diagram
+        record_pool          release.svg      scenario 6: framed against timeout, borrow by borrow
+                             dishonest.svg    scenario 9: TrustingPool against FramedProxy
+        record_managed       dirty-return.svg      Part two's 1: the owed queue under three rules
+                             failover-windows.svg  Part two's 4 on the virtual clock's axis
+    PICTURES, record_all(), render_all(), main()
 
 Same bytes on every run: no picture shows a time, a port or an id. Events are
 ordered by the hooks the scenario waits on (which borrow, which reply), never by
@@ -680,7 +681,7 @@ def record_pool(scenario, trial_function, label_of, in_name_order=False):
                 pause(number)
                 if trial["release"] == "timeout":   # scaffolding: see the docstring
                     wanted = min(number + 1, len(recorder.names))
-                    upstream.wait_until(lambda: upstream.level("requests") >= wanted or upstream.closed,
+                    upstream.wait_until(lambda: upstream.requests >= wanted or upstream.closed,
                                         f"request {wanted} before reply {number}'s rest")
                 connection, data, honest = recorder.thread.reply
                 cut = upstream.split_at or 0
@@ -1058,8 +1059,8 @@ def record_managed(scenario):
 
     def wrap_cache_count(original):
         def count(cache, name, amount=1):
-            if name == "disables":
-                key, start, end, reason = amount
+            if name == "disables":   # bumped just after the window joins `windows`
+                key, start, end, reason = cache.windows[-1]
                 recorder.log("disabled", state["names"].get(key, str(key)), start, end, reason)
             original(cache, name, amount)
         return count

@@ -42,8 +42,6 @@ MAX_LINE = 64 * 1024     # the longest line anyone here will buffer
 CHUNK = 4096             # bytes asked of one recv()
 CONNECT_TIMEOUT = 1.5    # seconds a connect to an upstream may take (close() waits out at most this)
 ACCEPT_POLL = 0.05       # seconds between an accept loop's looks at `closed`; its rest after an error
-REPLY_QUEUE = 64         # replies an Upstream holds for a client that is not reading them
-REQUEST_LOG = 1000       # request lines an Upstream remembers; older ones are forgotten
 
 
 # --- the line protocol ------------------------------------------------------
@@ -110,27 +108,20 @@ class Hooks:
     """Named counters of real events, and wait_<counter>(n) for each of them.
 
     Scaffolding: nothing in a proxy's mechanism reads these counters; they exist
-    so demo.py and the tests can wait for an event instead of sleeping. A counter
-    whose start value is a list counts its length (a log, as ReliabilityCache.disables).
+    so demo.py and the tests can wait for an event instead of sleeping.
     """
     counters = {}          # name -> start value; each class adds its own
     hook_timeout = 10.0    # seconds a wait_<counter>() may block before it raises
 
     def __init__(self):
         self._changed = threading.Condition()   # notified by count() on every bump
-        for name, start in self.counters.items():
-            setattr(self, name, start.copy() if isinstance(start, list) else start)
+        self.__dict__.update(self.counters)   # every counter at its start value
 
     def count(self, name, amount=1):
-        """Bump a counter (append `amount` to a list counter) and wake all waiters."""
+        """Add `amount` to a counter and wake all waiters."""
         with self._changed:
-            value = getattr(self, name)
-            value.append(amount) if isinstance(value, list) else setattr(self, name, value + amount)
+            setattr(self, name, getattr(self, name) + amount)
             self._changed.notify_all()
-
-    def level(self, name):
-        value = getattr(self, name)
-        return len(value) if isinstance(value, list) else value
 
     def wait_until(self, ready, what, timeout=None):
         """Block until ready() is true; raise TimeoutError naming `what` if it is not."""
@@ -142,12 +133,12 @@ class Hooks:
         name = attribute[len("wait_"):]
         if attribute.startswith("wait_") and name in self.counters:
             return lambda n, timeout=None: self.wait_until(
-                lambda: self.level(name) >= n, f"{name} to reach {n}", timeout)
+                lambda: getattr(self, name) >= n, f"{name} to reach {n}", timeout)
         raise AttributeError(attribute)
 
     def __repr__(self):
         return f"<{type(self).__name__} " + ", ".join(
-            f"{name}={self.level(name)}" for name in self.counters) + ">"
+            f"{name}={getattr(self, name)}" for name in self.counters) + ">"
 
 
 class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with`'s __enter__
@@ -279,13 +270,13 @@ class Upstream(Server):
         super().__init__()
         self.gate, self.split_at, self.pause = gate, split_at, pause or (lambda number: None)
         self._reply_numbers = itertools.count(1)   # numbers replies for pause()
-        self.parsed = collections.deque(maxlen=REQUEST_LOG)   # the latest request lines, in arrival order
+        self.parsed = collections.deque(maxlen=1000)   # the latest request lines, in arrival order
 
     def handle(self, conn):
         """Read and parse on this thread; a writer thread sends the replies in order,
         so a held reply (gate, pause) never stops the reading. The queue between them
         is bounded: a client that does not read its replies is, in turn, not read."""
-        replies = queue.Queue(REPLY_QUEUE)
+        replies = queue.Queue(64)   # a reply that finds it full waits, and so does the reading
         writer = self.spawn(self._write_replies, conn, replies)
         try:
             for line in read_lines(conn, lambda n: self.count("bytes_in", n)):
@@ -297,12 +288,9 @@ class Upstream(Server):
             writer.join()
 
     def _write_replies(self, conn, replies):
-        data = b""
-        with contextlib.suppress(OSError):   # the client has gone: no one reads the rest
-            while (data := replies.get()) is not None:
+        while (data := replies.get()) is not None:   # taken even when the client has gone,
+            with contextlib.suppress(OSError):       # so the reader never waits on a full queue
                 self.reply(conn, data)
-        while data is not None:   # but keep taking, so the reader never waits on a full queue
-            data = replies.get()
 
     def reply(self, conn, data):
         if self.gate:   # scaffolding: held until `gate` requests are in, or until close()
@@ -465,9 +453,7 @@ class FramedProxy(Server):
         try:
             return self.connect(self.upstream_addr, self.reply_timeout)
         except OSError:
-            with self._pool:   # the slot we reserved is free again
-                self.open -= 1
-                self._pool.notify()
+            self.checkin(None, "discarded")   # the slot we reserved is free again
             raise
 
     def checkin(self, sock, outcome):
@@ -478,7 +464,8 @@ class FramedProxy(Server):
                 self.idle.append(sock)
             else:
                 self.open -= 1
-                self.forget(sock)
+                if sock:   # None after a connect that failed: only its slot to free
+                    self.forget(sock)
             self._pool.notify()
         self.count(outcome)
 

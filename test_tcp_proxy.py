@@ -1,5 +1,6 @@
 """The toy's claims, one test each, with the exact figures the demo and the
 commentary state. conftest.py fails any test that leaves a thread or a socket."""
+import collections
 import contextlib
 import socket
 import subprocess
@@ -289,8 +290,8 @@ def test_close_does_not_wait_out_a_gate_that_was_never_reached():
         assert client.read_to_eof() == b""
 
 
-def test_module_stays_under_its_line_ceiling_at_338_lines_of_code():
-    assert code_lines(HERE / "tcp_proxy.py") == 338 <= 340
+def test_module_stays_under_its_line_ceiling_at_327_lines_of_code():
+    assert code_lines(HERE / "tcp_proxy.py") == 327 <= 330
 
 
 # --- the demo ----------------------------------------------------------------------
@@ -404,7 +405,7 @@ def test_a_reply_that_answers_another_request_is_an_err_line_never_a_wrong_answe
         client.send(b"GET beta\n")
         assert client.read_line() in (b"beta=BBBBBBBBBBBB\n", b"ERR upstream: out of step: b'EXTRA\\n' "
                                       b"does not answer b'GET beta\\n'\n")
-        assert proxy.dirty == 1
+        assert proxy.dirty in (1, 2)   # beta's own EXTRA may come in the same recv() as its reply
 
 
 def test_an_idle_connection_that_speaks_unasked_is_closed_before_it_is_lent():
@@ -522,8 +523,9 @@ def test_a_client_that_never_reads_is_no_longer_read_and_memory_stays_bounded():
         assert upstream.requests < 400   # the reply queue's 64, and what the buffers hold
 
 
-def test_upstream_remembers_the_latest_request_lines_and_counts_them_all(monkeypatch):
-    monkeypatch.setattr(tcp_proxy, "REQUEST_LOG", 3)
+def test_upstream_remembers_the_latest_1000_request_lines_and_counts_them_all():
     with Upstream() as upstream, contextlib.ExitStack() as stack:
+        assert upstream.parsed.maxlen == 1000
+        upstream.parsed = collections.deque(maxlen=3)
         assert demo.ask_in_turn(connect(stack, upstream.addr), ["a", "b", "c", "d", "e"]) == 5
         assert (list(upstream.parsed), upstream.requests) == (["GET c", "GET d", "GET e"], 5)

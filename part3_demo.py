@@ -1,0 +1,422 @@
+"""part3_demo: the scenarios of `python3 demo.py --part3`, framing for real.
+
+The first four run against a real redis-server found on PATH, one started for
+each scenario: the misdelivery of Part one again, this time with RESP, whose
+bulk string reply spans two lines. The last three need no Redis: request ids
+(tagged.py) let replies come back in any order over one connection.
+
+Map of the module, in reading order:
+
+    RedisServer        scaffolding: redis-server on 127.0.0.1 and a free port, no
+                       persistence, in a temporary directory; close() stops it and
+                       waits for it, whatever happened
+    RedisControl       scaffolding: the scenario's own connection to Redis, for SET
+    read_resp()        one whole RESP reply from a socket, framed by resp.reply_size()
+    naive_redis ... resp_pool           the four scenarios against Redis
+    out_of_order, slow_key, late_reply  the three scenarios of request ids
+
+The transcript is the same bytes on every run: no port, time or thread id is
+printed, and no step sleeps. Against Redis the order of events is fixed by the
+proxies' hooks and by Redis itself (it answers one connection's commands in
+order, and BLPOP waits for a push); against TaggedUpstream, by its pause(key) hook.
+"""
+import contextlib
+import os
+import select
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import demo
+import resp
+import tcp_proxy
+from tagged import CallTimeout, ConnectionBroken, TaggedClient, TaggedUpstream
+from tcp_proxy import FramedProxy, Hooks, NaiveProxy, answer
+
+INSTALL_HINT = ("demo.py --part3 needs redis-server on PATH; install it with "
+                "'apt-get install redis-server' (Debian, Ubuntu) or 'brew install redis' (macOS)")
+
+
+# --- a private redis-server -----------------------------------------------------------
+
+def redis_available():
+    return shutil.which("redis-server") is not None
+
+
+def free_port():
+    """A port nothing listens on now. Another process may take it before redis-server
+    binds it, so RedisServer tries again with a new one if the bind fails."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class RedisServer:
+    """redis-server on 127.0.0.1, a free port, no persistence, in a temporary directory.
+
+    Ready when its log says so (no polling). close() (or leaving a `with` block)
+    stops it with SIGTERM, waits for it to exit (SIGKILL after stop_timeout), and
+    removes the directory; it runs even when starting failed half way.
+    """
+    attempts = 3          # ports tried before giving up (a port taken between probe and bind)
+    start_timeout = 10.0  # seconds for "Ready to accept connections" to appear in the log
+    stop_timeout = 10.0   # seconds SIGTERM gets before SIGKILL
+
+    def __init__(self):
+        self.process, self.log = None, b""
+        self._directory = tempfile.TemporaryDirectory(prefix="part3-redis-")
+        try:
+            for _ in range(self.attempts):
+                port = free_port()
+                if self._start(port):
+                    self.addr = ("127.0.0.1", port)
+                    return
+                self._stop()
+            raise OSError(f"redis-server did not start; its log ends: {self.log[-300:]!r}")
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, port):
+        """Start redis-server on port; True once its log says it is ready, False if it exited."""
+        self.log = b""
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self._directory.name, "--daemonize", "no"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cwd=self._directory.name)
+        deadline = time.monotonic() + self.start_timeout
+        output = self.process.stdout.fileno()
+        while b"Ready to accept connections" not in self.log:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([output], [], [], remaining)[0]:
+                raise TimeoutError(f"redis-server not ready after {self.start_timeout:g} s")
+            data = os.read(output, 4096)
+            if not data:   # it exited: most likely the port was taken after all
+                return False
+            self.log = (self.log + data)[-4096:]   # bounded: only the tail is ever shown
+        return True
+
+    def _stop(self):
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        process.stdout.close()
+
+    def close(self):
+        """Stop redis-server and wait for it; remove its directory. Calling it again does nothing."""
+        self._stop()
+        self._directory.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+
+class RedisControl:
+    """A direct connection to Redis for the scenario's own setup: SET, CLIENT PAUSE."""
+
+    def __init__(self, addr):
+        self.sock = socket.create_connection(addr, timeout=Hooks.hook_timeout)
+        self.unread = b""
+
+    def command(self, line):
+        """Send one inline command; return its whole RESP reply."""
+        self.sock.sendall(line.encode() + b"\r\n")
+        return read_resp(self)
+
+    def close(self):
+        self.sock.close()
+
+
+def read_resp(reader):
+    """One whole RESP reply from reader.sock, keeping what is read past it in reader.unread."""
+    while (size := resp.reply_size(reader.unread)) is None:
+        data = reader.sock.recv(4096)
+        if not data:
+            raise ConnectionResetError(f"EOF in the middle of a reply: {reader.unread!r}")
+        reader.unread += data
+    reply, reader.unread = reader.unread[:size], reader.unread[size:]
+    return reply
+
+
+def stored(control, values):
+    """SET each key to its value; the line printed says what Redis holds."""
+    for key, value in values.items():
+        control.command(f"SET {key} {value}")
+    print("  redis holds  " + ", ".join(f"{key}={value}" for key, value in values.items()))
+
+
+def inline(key):
+    return b"GET %s\r\n" % key.encode()
+
+
+def bulk(value):
+    """What Redis answers a GET of a key holding value."""
+    return b"$%d\r\n%s\r\n" % (len(value), value.encode())
+
+
+# --- the Redis scenarios -----------------------------------------------------------------
+
+def naive_redis():
+    with contextlib.ExitStack() as stack:
+        redis = stack.enter_context(RedisServer())
+        control = RedisControl(redis.addr)
+        stack.callback(control.close)
+        stored(control, {"b": "world"})
+        proxy = stack.enter_context(NaiveProxy(redis.addr))
+        a, b = demo.clients(stack, proxy.addr, 2)
+        proxy.wait_connections(2)
+        # A waits for a job; Redis answers a connection's commands in order, so B's GET,
+        # on the same upstream connection, waits behind it: the gate of Part one, here
+        # done by Redis itself
+        a.send(b"BLPOP jobs-a 0\r\n")
+        proxy.wait_forwarded(len(a.sent[0]))
+        b.send(inline("b"))
+        proxy.wait_forwarded(len(a.sent[0] + b.sent[0]))
+        control.command("RPUSH jobs-a hello")
+        blpop_reply = b"*2\r\n$6\r\njobs-a\r\n" + bulk("hello")
+        proxy.wait_routed(len(blpop_reply + bulk("world")))
+        proxy.close()
+        print(demo.sent_line(a) + "   (wait for a job on the list jobs-a)")
+        print(demo.sent_line(b))
+        print("  then another Redis client pushed the job 'hello' onto jobs-a")
+        received = {client.name: client.read_to_eof() for client in (a, b)}
+        for name, data in received.items():
+            print(f"  {name} received  {demo.show(data)}")
+        print(f"  verdict: B holds A's job and its own value ({len(received['B'])} bytes); A holds "
+              f"{len(received['A'])}. A blind relay is as wrong in front of Redis as in front of the toy")
+
+
+def one_at_a_time(proxy_addr, keys, stack):
+    """Clients A, B, C ... each send GET <its key> and read one line, in turn."""
+    crowd = demo.clients(stack, proxy_addr, len(keys))
+    replies = []
+    for client, key in zip(crowd, keys):
+        client.send(inline(key))
+        replies.append(client.read_line())
+    return crowd, replies
+
+
+def whose(reply, key, values):
+    """What a reply read by line is, for the transcript: right, a head, or someone's value."""
+    if reply == bulk(values[key]):
+        return "right"
+    for owner, value in values.items():
+        if reply == value.encode() + b"\r\n":
+            return "its own value" if owner == key else f"WRONG: the value of {owner}"
+    return "the first line of a reply" if reply.startswith(b"$") else "WRONG"
+
+
+def line_pool():
+    values = {"a": "hello", "b": "world", "c": "again"}
+    with contextlib.ExitStack() as stack:
+        redis = stack.enter_context(RedisServer())
+        control = RedisControl(redis.addr)
+        stack.callback(control.close)
+        stored(control, values)
+        pool = stack.enter_context(demo.TrustingPool(redis.addr, pool_cap=1, framing=tcp_proxy.LINES))
+        crowd, replies = one_at_a_time(pool.addr, list(values), stack)
+        for client, key, reply in zip(crowd, values, replies):
+            print(f"  {client.name} asked GET {key:<2} got {demo.show(reply):<21} {whose(reply, key, values)}")
+        print(f"  connections opened: {pool.opened}")
+        head, tail = bulk("hello")[:4], bulk("hello")[4:]
+        print(f"  verdict: the line framing stops after {head!r}; the rest, {tail!r}, stays on the "
+              f"connection and B takes A's value for its own (redis-py's CVE-2023-28858 class)")
+
+
+def checked_line_pool():
+    values = {"a": "hello", "b": "world", "c": "again"}
+    with contextlib.ExitStack() as stack:
+        redis = stack.enter_context(RedisServer())
+        control = RedisControl(redis.addr)
+        stack.callback(control.close)
+        stored(control, values)
+        proxy = stack.enter_context(FramedProxy(redis.addr, pool_cap=1, framing=tcp_proxy.LINES))
+        crowd, replies = one_at_a_time(proxy.addr, list(values), stack)
+        for client, key, reply in zip(crowd, values, replies):
+            print(f"  {client.name} asked GET {key:<2} got {demo.show(reply)}")
+        tails = {value.encode() + b"\r\n" for value in values.values()}   # what a misdelivery looks like
+        misdelivered = sum(reply in tails for reply in replies)
+        print(f"  connections opened: {proxy.opened}   closed as out of step: {proxy.dirty}   "
+              f"values delivered to anyone: {misdelivered}")
+        print("  verdict: still the wrong framing, so no right answer, but fits() sees that b'$5\\r\\n' "
+              "cannot answer a GET of the line protocol: an ERR line and a closed connection, "
+              "never another's value")
+
+
+def resp_pool():
+    keys = [key for index in range(8) for key in demo.keys_for(index)]
+    values = {key: key.upper() for key in keys}
+    with contextlib.ExitStack() as stack:
+        redis = stack.enter_context(RedisServer())
+        control = RedisControl(redis.addr)
+        stack.callback(control.close)
+        for key, value in values.items():
+            control.command(f"SET {key} {value}")
+        control.command("RPUSH list one two")
+        print(f"  redis holds  {len(values)} keys (alpha1=ALPHA1 ... hotel3=HOTEL3) and list=[one, two]")
+        proxy = stack.enter_context(FramedProxy(redis.addr, pool_cap=1, framing=resp.RESP))
+        single = demo.Client("A", proxy.addr)
+        stack.callback(single.close)
+        for line in ("GET alpha1", "GET missing", "LRANGE list 0 -1", "PING"):
+            single.send(line.encode() + b"\r\n")
+            print(f"  A sent {line!r:<20} got {demo.show(read_resp(single))}")
+        crowd = demo.clients(stack, proxy.addr, 8)
+
+        def ask(client, client_keys):
+            right = 0
+            for key in client_keys:
+                client.send(inline(key))
+                right += read_resp(client) == bulk(values[key])
+            return right
+
+        right = sum(demo.run_concurrently(ask, *[(client, demo.keys_for(index))
+                                                for index, client in enumerate(crowd)]))
+        print(f"  8 clients x {demo.ROUNDS} GETs at once through one connection: right {right}/24, "
+              f"wrong {24 - right}, connections opened {proxy.opened}")
+        print("  verdict: the parse is RESP's (type byte, length, element count), so the pool lends the "
+              "connection only at a reply's real end")
+
+
+# --- request ids (no Redis) ---------------------------------------------------------------
+
+class InBackground:
+    """Run function(*args) on a thread; result() joins it and gives the reply or the error."""
+
+    def __init__(self, function, *args):
+        self._outcome = None
+        self._thread = threading.Thread(target=self._run, args=(function, args), daemon=True)
+        self._thread.start()
+
+    def _run(self, function, args):
+        try:
+            self._outcome = function(*args).decode().rstrip("\n")
+        except (CallTimeout, ConnectionBroken) as error:
+            self._outcome = f"{type(error).__name__}: {error}"
+
+    def result(self):
+        self._thread.join(Hooks.hook_timeout)
+        if self._thread.is_alive():
+            raise TimeoutError("gave up waiting for a call in the background")
+        return self._outcome
+
+
+def start_calls(client, lines):
+    """Start a call per line, each once the one before it is on the wire, so ids go 1, 2, 3..."""
+    calls = []
+    for number, line in enumerate(lines, 1):
+        calls.append(InBackground(client.call, line.encode() + b"\n"))
+        client.wait_sent(number)
+    return calls
+
+
+def answered_in_order(upstream, keys):
+    """A pause hook: the reply to keys[i] is written only after i replies have been
+    (counting every reply the upstream wrote); a key not in keys is not held."""
+    position = {key: index for index, key in enumerate(keys)}
+
+    def pause(key):
+        if key in position:
+            upstream.wait_until(lambda: upstream.level("replies") >= position[key] or upstream.closed,
+                                f"reply {position[key] + 1} of {keys}")
+    return pause
+
+
+def out_of_order():
+    lines = ["GET alpha", "GET bravo", "GET charlie"]
+    with TaggedUpstream() as upstream, TaggedClient(upstream.addr) as client:
+        upstream.pause = answered_in_order(upstream, ["charlie", "alpha", "bravo"])
+        calls = start_calls(client, lines)
+        results = [call.result() for call in calls]
+        upstream.wait_replies(len(lines))   # counted just after each write: the callers may be first
+        print("  upstream read    " + ", ".join(repr(line) for line in upstream.requests))
+        print("  upstream wrote   " + ", ".join(repr(line) for line in upstream.replies))
+        for name, line, result in zip("ABC", lines, results):
+            verdict = "right" if result == answer(line.encode()).decode().rstrip("\n") else "WRONG"
+            print(f"  {name} called {line!r:<13} got {result!r:<24} {verdict}")
+        print(f"  connections: {upstream.connections}")
+        print("  verdict: the replies left in the order charlie, alpha, bravo; each id found its caller")
+
+
+def slow_key():
+    fast = ["GET a", "GET b", "GET c"]
+    held = threading.Event()
+    with TaggedUpstream() as upstream, TaggedClient(upstream.addr) as client:
+        fast_in_order = answered_in_order(upstream, [line.split()[1] for line in fast])
+        upstream.pause = lambda key: held.wait(Hooks.hook_timeout) if key == "slow" else fast_in_order(key)
+        calls = start_calls(client, ["GET slow"] + fast)
+        fast_results = [call.result() for call in calls[1:]]   # with head-of-line blocking: a hook timeout
+        upstream.wait_replies(len(fast))
+        print(f"  with ids: GET slow sent first and held; the fast calls returned "
+              f"{', '.join(map(repr, fast_results))}")
+        print(f"  upstream wrote   {', '.join(map(repr, upstream.replies))}   (slow still held)")
+        held.set()
+        print(f"  then GET slow -> {calls[0].result()!r}")
+    release = threading.Event()
+    with TaggedUpstream(tagged=False) as upstream:
+        upstream.pause = lambda key: release.wait(Hooks.hook_timeout) if key == "slow" else None
+        with socket.create_connection(upstream.addr, timeout=Hooks.hook_timeout) as sock:
+            sock.sendall(b"GET slow\nGET a\nGET b\nGET c\n")
+            upstream.wait_ready(3)
+            print(f"  without ids, pipelined in order: while GET slow is held, replies ready "
+                  f"{upstream.ready}, written {len(upstream.replies)}")
+            release.set()
+            upstream.wait_replies(4)
+            print(f"  upstream wrote   {', '.join(map(repr, upstream.replies))}   (in order, after slow)")
+    print("  verdict: with ids a slow request delays only itself; in order, it delays every reply behind it")
+
+
+def late_reply():
+    with TaggedUpstream() as upstream, TaggedClient(upstream.addr) as client:
+        # the slow reply leaves only after its call has given up and the next call is
+        # on the wire, and the next reply only after it, so the late reply arrives
+        # while another call is owed
+        in_turn = answered_in_order(upstream, ["slow", "next"])
+
+        def pause(key):
+            if key == "slow":
+                client.wait_sent(2)
+            in_turn(key)
+
+        upstream.pause = pause
+        slow = InBackground(client.call, b"GET slow\n", 0.05)
+        client.wait_timeouts(1)
+        print(f"  GET slow (msg_timeout 0.05 s) -> {slow.result()}")
+        print(f"  owed: {len(client.owed)}, abandoned ids: {sorted(client.abandoned)}")
+        following = InBackground(client.call, b"GET next\n")
+        client.wait_dropped(1)
+        upstream.wait_replies(2)
+        print(f"  GET next -> {following.result()!r}")
+        print(f"  upstream wrote   {', '.join(map(repr, upstream.replies))}")
+        print(f"  late replies dropped by id: {client.dropped}; connections: {upstream.connections}; "
+              f"owed now: {len(client.owed)}")
+        after = client.call(b"GET after\n").decode().rstrip("\n")
+        print(f"  GET after -> {after!r}")
+        print("  verdict: the late reply carried id 1, which no call is owed any more: dropped, "
+              "and the connection served on")
+
+
+SCENARIOS = [
+    ("naive-redis", "NaiveProxy in front of Redis: B gets A's job", naive_redis),
+    ("line-pool", "A pool that frames Redis replies by line: the tail goes to the next borrower",
+     line_pool),
+    ("line-checked", "The same framing with the out-of-step checks: caught, not misdelivered",
+     checked_line_pool),
+    ("resp-pool", "The pool framed by RESP: 0 wrong", resp_pool),
+    ("out-of-order", "Request ids: replies out of order, each to its caller", out_of_order),
+    ("slow-key", "A slow key and the fast keys behind it", slow_key),
+    ("late-reply", "A timed-out call's late reply, dropped by id", late_reply),
+]

@@ -1,0 +1,301 @@
+"""tagged: request ids over one connection, so replies may come back in any order.
+
+Part two matched replies to calls by their order on the wire, so a slow request
+held up every reply behind it, and a timed-out call's late reply still owned the
+connection until it arrived. Here each request carries an id chosen by the
+client, its reply carries the same id back, and the order on the wire no longer
+means anything.
+
+The protocol: a request is `<id> <line>\\n`, its reply `<id> <reply line>\\n`, the id
+in decimal digits (no sign, no leading zero). The reply line is tcp_proxy.answer()'s.
+
+Map of the module, in reading order:
+
+    parse_tagged()     splits `<id> <rest>` and refuses anything else
+    TaggedUpstream     a Server that answers each request on its own thread, after
+                       a per-key delay (real seconds, for the bench) and a pause(key)
+                       hook (for the demo and the tests), so replies leave out of
+                       order; tagged=False is the untagged twin, which must still
+                       write its replies in arrival order (pipelining)
+    TaggedError        CallTimeout, ConnectionBroken: what a caller of call() can see
+    TaggedClient       ONE connection; call(line) from any number of threads; a
+                       reader thread hands each reply to the call that owns its id
+
+The order a call takes through TaggedClient:
+    call(line) -> a fresh id, registered as owed -> `<id> <line>` written whole
+    -> wait on the condition -> the reader thread parses `<id> <reply>`, finds the
+    owed call, hands it the reply -> call() returns the reply line without the id
+
+What is out of step (the connection is destroyed, every owed call fails):
+a reply whose id no call is owed (unknown, or answered already: a duplicate),
+a line that is not `<id> <reply>`, a line longer than MAX_LINE. A reply whose
+id belongs to a call that timed out is simply dropped: ids are never reused on
+a connection, so no later call can take it for its own.
+"""
+import contextlib
+import itertools
+import re
+import socket
+import threading
+import time
+
+from tcp_proxy import Hooks, LineTooLong, Server, answer, read_lines, shutdown
+
+MAX_OWED = 1024        # calls owed on one connection (waiting or timed out, not yet answered)
+MAX_IN_FLIGHT = 256    # requests one upstream connection answers at once; past it, it stops reading
+
+ID = re.compile(rb"(0|[1-9][0-9]{0,17}) (.*)", re.DOTALL)   # at most 18 digits: a plain int
+
+
+def parse_tagged(line):
+    """(id, rest) of a `<id> <rest>` line without its b"\\n"; ValueError for anything else."""
+    match = ID.fullmatch(line)
+    if not match:
+        raise ValueError(f"expected '<id> <line>', got {line[:40]!r}")
+    return int(match.group(1)), match.group(2)
+
+
+def key_of(line):
+    """The key a request asks for (`GET key` -> "key"); "" for anything else."""
+    words = line.rstrip(b"\r").split(b" ")
+    return words[1].decode("utf-8", "replace") if len(words) == 2 and words[0] == b"GET" else ""
+
+
+# --- the upstream ---------------------------------------------------------------------
+
+class TaggedUpstream(Server):
+    """The line protocol with ids: each request answered on its own thread, so a
+    reply leaves as soon as it is ready, whatever came before it.
+
+    delays={"slow": 0.2}   seconds (real time) before the reply to `GET slow`; the
+                           bench's knob. close() cuts a delay short.
+    pause(key)             called on the request's thread before its reply is written
+                           (after the delay); scaffolding for the demo and the tests,
+                           which hold a reply on a hook instead of a sleep
+    tagged=False           the untagged twin: plain lines, each reply still computed on
+                           its own thread after its delay, but written in arrival order,
+                           as a pipelined protocol without ids must
+    """
+    counters = {**Server.counters, "requests": [], "ready": 0, "replies": []}
+    # requests  request lines parsed (id included), in arrival order; bumped by the reader
+    # ready     replies whose delay and pause are over; bumped on the request's thread
+    # replies   reply lines written whole, in the order written; bumped after sendall()
+
+    def __init__(self, delays=None, pause=None, tagged=True):
+        super().__init__()
+        self.delays, self.tagged = dict(delays or {}), tagged
+        self.pause = pause or (lambda key: None)
+
+    def handle(self, conn):
+        """Read requests; give each its own thread. A connection with MAX_IN_FLIGHT
+        requests unanswered is not read until one is answered (the bound)."""
+        in_flight = threading.BoundedSemaphore(MAX_IN_FLIGHT)
+        order = Turns()      # tagged=False: replies leave in the order of arrival
+        write_lock = threading.Lock()   # one reply's bytes go out whole
+        answering = []       # this connection's request threads, joined before it closes
+        try:
+            for number, line in enumerate(read_lines(conn)):
+                self.count("requests", line.decode("utf-8", "replace"))
+                in_flight.acquire()   # the bound; every holder ends (close() cuts delays short)
+                answering.append(self.spawn(self._answer, conn, line, number, order, write_lock,
+                                            in_flight))
+        finally:
+            for thread in answering:   # at EOF the replies still owed are written, then the socket closes
+                thread.join()
+
+    def _answer(self, conn, line, number, order, write_lock, in_flight):
+        """Answer one request on its own thread: delay, pause, then write (in turn if untagged)."""
+        try:
+            request_id, request = None, line
+            if self.tagged:
+                try:
+                    request_id, request = parse_tagged(line)
+                except ValueError as error:   # no id to answer with: the client is out of step
+                    request = None
+                    reply = b"ERR %s\n" % str(error).encode()
+            if request is not None:
+                reply = answer(request)
+            key = key_of(request or b"")
+            self._delay(self.delays.get(key, 0.0))
+            self.pause(key)
+            self.count("ready")
+            if request_id is not None:
+                reply = b"%d %s" % (request_id, reply)
+            if not self.tagged:
+                order.wait_turn(number)   # the load-bearing wait of in-order pipelining
+            with write_lock, contextlib.suppress(OSError):   # a client that has gone reads nothing
+                conn.sendall(reply)
+                self.count("replies", reply.decode("utf-8", "replace").rstrip("\n"))
+        finally:
+            order.done(number)   # even a failed reply ends its turn, so none after it waits for ever
+            in_flight.release()
+
+    def _delay(self, seconds):
+        """Wait `seconds` of real time, or less if close() comes first."""
+        with self._lock:
+            self._lock.wait_for(lambda: self.closed, seconds)
+
+
+class Turns:
+    """tagged=False: reply number n may be written once replies 0..n-1 have been.
+    Each reply's turn ends (done()) whatever happened to it, so no wait is for ever."""
+
+    def __init__(self):
+        self._changed = threading.Condition()   # notified by done()
+        self.finished = set()   # reply numbers whose turn is over
+        self.next = 0           # the lowest number not finished: whose turn it is
+
+    def wait_turn(self, number):
+        with self._changed:
+            self._changed.wait_for(lambda: self.next == number)
+
+    def done(self, number):
+        with self._changed:
+            self.finished.add(number)
+            while self.next in self.finished:
+                self.finished.discard(self.next)
+                self.next += 1
+            self._changed.notify_all()
+
+
+# --- the client -----------------------------------------------------------------------
+
+class TaggedError(Exception):
+    """A call that did not get its reply."""
+
+
+class CallTimeout(TaggedError):
+    """No reply within msg_timeout; the connection goes on, and the late reply will be dropped."""
+
+
+class ConnectionBroken(TaggedError):
+    """The connection ended, or went out of step, before this call's reply came."""
+
+
+class Call:
+    """One owed call: its reply, or the error that ends it."""
+
+    def __init__(self):
+        self.reply, self.error = None, None
+
+    @property
+    def settled(self):
+        return self.reply is not None or self.error is not None
+
+
+class TaggedClient(Hooks):
+    """One connection to a tagged upstream, shared by every thread that calls.
+
+    call(line) may run in many threads at once; each gets the reply that carries
+    its own id, whatever order the replies arrive in. msg_timeout < 0 waits for ever;
+    otherwise a call gives up after msg_timeout seconds with CallTimeout, and the
+    connection goes on. A reply out of step breaks the connection: every owed call
+    fails with ConnectionBroken, and so does every later call. close() ends it.
+    """
+    counters = {"sent": 0, "replies": 0, "timeouts": 0, "dropped": 0, "broken": 0}
+    # sent      requests written; bumped by call() after sendall()
+    # replies   replies handed to their calls; bumped by the reader thread
+    # timeouts  calls that gave up; bumped by call() as it leaves the reply to be dropped
+    # dropped   late replies of timed-out calls thrown away; bumped by the reader thread
+    # broken    1 once the connection has ended; bumped by _break()
+
+    def __init__(self, addr, msg_timeout=-1):
+        super().__init__()
+        self.msg_timeout = msg_timeout
+        self.sock = socket.create_connection(addr, timeout=Hooks.hook_timeout)
+        self.sock.settimeout(None)   # from here on the reader waits as long as calls are owed
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.owed = {}           # id -> Call: sent (or being sent), reply not yet in
+        self.abandoned = set()   # ids of timed-out calls whose reply is still to come
+        self.failure = None      # why the connection ended; set once, by _break()
+        self._ids = itertools.count(1)   # never reused: a late reply can match no other call
+        self._lock = threading.Condition()   # guards the above; notified when a call settles
+        self._send_lock = threading.Lock()   # one request's bytes go out whole
+        self._reader = threading.Thread(target=self._read_replies, daemon=True)
+        self._reader.start()
+
+    def call(self, line, msg_timeout=None):
+        """Send one request line (with its b"\\n", no id); return its reply line without
+        the id, b"\\n" included. Raises CallTimeout or ConnectionBroken.
+        msg_timeout, if given, replaces the client's for this call alone."""
+        if not line.endswith(b"\n") or b"\n" in line[:-1]:
+            raise ValueError(f"a request is one line ending in b'\\n', not {line[:40]!r}")
+        if msg_timeout is None:
+            msg_timeout = self.msg_timeout
+        deadline = None if msg_timeout < 0 else time.monotonic() + msg_timeout   # from the call's start
+        call = Call()
+        with self._lock:
+            if self.failure:
+                raise ConnectionBroken(self.failure)
+            if len(self.owed) + len(self.abandoned) >= MAX_OWED:
+                raise TaggedError(f"{MAX_OWED} calls already owed on this connection")
+            request_id = next(self._ids)
+            self.owed[request_id] = call   # registered before it is sent: the reply may be quick
+        try:
+            with self._send_lock:
+                self.sock.sendall(b"%d %s" % (request_id, line))
+            self.count("sent")
+        except OSError as error:   # this call is owed, so _break() fails it too
+            self._break(f"sending failed: {error}")
+        with self._lock:
+            while not call.settled:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    del self.owed[request_id]
+                    self.abandoned.add(request_id)   # its reply, when it comes, is dropped by id
+                    break
+                self._lock.wait(remaining)
+        if not call.settled:
+            self.count("timeouts")
+            raise CallTimeout(f"no reply within {msg_timeout:g} s")
+        if call.error:
+            raise ConnectionBroken(call.error)
+        return call.reply
+
+    def _read_replies(self):
+        """The reader thread: hand each reply to the call that owns its id."""
+        try:
+            for line in read_lines(self.sock):
+                reply_id, reply = parse_tagged(line)   # ValueError: out of step
+                with self._lock:
+                    call = self.owed.pop(reply_id, None)
+                    if call is not None:
+                        call.reply = reply + b"\n"
+                        self._lock.notify_all()
+                    elif reply_id in self.abandoned:
+                        self.abandoned.discard(reply_id)
+                    else:
+                        raise ValueError(f"a reply for id {reply_id}, which no call is owed")
+                    # counted under the lock, so a caller that has its reply sees the count
+                    self.count("replies" if call is not None else "dropped")
+            self._break("the upstream closed the connection")
+        except (ValueError, LineTooLong) as error:   # LineTooLong is a ValueError too
+            self._break(f"out of step: {error}")
+        except OSError as error:
+            self._break(f"connection failed: {error}")
+
+    def _break(self, reason):
+        """End the connection: every owed call fails with `reason`; so does every later call."""
+        with self._lock:
+            if self.failure:
+                return
+            self.failure = reason
+            for call in self.owed.values():
+                call.error = reason
+            self.owed.clear()
+            self.abandoned.clear()
+            self.count("broken")   # under the lock: a failed caller sees it counted
+            self._lock.notify_all()
+        shutdown(self.sock)   # the reader (if it is not the caller) sees EOF and ends
+
+    def close(self):
+        """End the connection, fail what is owed, join the reader. Calling it again does nothing."""
+        self._break("the client was closed")
+        self._reader.join()
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()

@@ -1,0 +1,231 @@
+"""resp.py: RESP replies framed whole, however the bytes are cut, at any depth; and the
+real redis-server that demo.py --part3 runs them against."""
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import types
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import part3_demo
+from resp import RESP, reply_size
+from tcp_proxy import FramedProxy, Server, read_lines
+
+EXAMPLES = int(os.environ.get("SOAK", "40"))   # `make soak` raises it; the suite stays fast
+
+# --- an encoder, for the tests only ---------------------------------------------------------
+
+simple_text = st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=["Cs"]), max_size=12)
+scalars = st.one_of(
+    simple_text.map(lambda text: b"+" + text.encode() + b"\r\n"),
+    simple_text.map(lambda text: b"-ERR " + text.encode() + b"\r\n"),
+    st.integers(-2**63, 2**63 - 1).map(lambda number: b":%d\r\n" % number),
+    st.binary(max_size=40).map(lambda data: b"$%d\r\n%s\r\n" % (len(data), data)),   # \r\n inside too
+    st.just(b"$-1\r\n"),
+    st.just(b"*-1\r\n"),
+)
+replies = st.recursive(scalars, lambda elements: st.lists(elements, max_size=4).map(
+    lambda items: b"*%d\r\n" % len(items) + b"".join(items)), max_leaves=20)
+
+
+def frame_stream(chunks):
+    """What a pool does: buffer the chunks as they come and cut a reply off whenever
+    reply_size() says one has ended. Returns the replies and the bytes left over."""
+    framed, buffer = [], b""
+    for chunk in chunks:
+        buffer += chunk
+        while (size := reply_size(buffer)) is not None:
+            framed.append(buffer[:size])
+            buffer = buffer[size:]
+    return framed, buffer
+
+
+def cut(data, points):
+    points = sorted({point % (len(data) + 1) for point in points})
+    edges = [0] + points + [len(data)]
+    return [data[start:end] for start, end in zip(edges, edges[1:])]
+
+
+# --- the properties ---------------------------------------------------------------------
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(sent=st.lists(replies, min_size=1, max_size=5), points=st.lists(st.integers(0, 10**6), max_size=12))
+def test_any_replies_cut_anywhere_are_framed_back_exactly_as_sent(sent, points):
+    framed, left = frame_stream(cut(b"".join(sent), points))
+    assert framed == sent and left == b""
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(reply=replies, ends=st.lists(st.integers(0, 10**6), min_size=1, max_size=8))
+def test_a_strict_prefix_of_a_reply_is_unfinished_and_the_whole_fits_a_command_of_any_type(reply, ends):
+    for end in {end % len(reply) for end in ends} | {0, len(reply) - 1}:
+        assert reply_size(reply[:end]) is None
+    assert reply_size(reply) == len(reply)
+    assert RESP.fits(b"WHATEVER k\r\n", reply)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3000])
+def test_arrays_nested_deeper_than_pythons_recursion_limit_are_framed(depth):
+    reply = b"*1\r\n" * depth + b"$5\r\nhello\r\n"
+    assert reply_size(reply + b"+next\r\n") == len(reply)
+
+
+# --- the cases a reader checks by hand -------------------------------------------------------
+
+@pytest.mark.parametrize("buffer, size", [
+    (b"$5\r\nhello\r\n$5\r\nworld\r\n", 11),   # GET's reply: two lines, one reply
+    (b"$5\r\nhello\r\n", 11),
+    (b"$5\r\nhello\r", None),
+    (b"$5\r\n", None),                            # where a line framing stops
+    (b"$-1\r\n+OK\r\n", 5),                       # GET of a missing key
+    (b"*-1\r\n", 5),
+    (b"*0\r\n", 4),
+    (b"*2\r\n*1\r\n:1\r\n$3\r\na\r\n\r\n", 21),  # a bulk string may hold \r\n
+    (b"*2\r\n*1\r\n:1\r\n", None),
+    (b"-ERR wrong type\r\n", 17),
+    (b":-42\r\n", 6),
+    (b"", None),
+], ids=lambda value: repr(value) if isinstance(value, bytes) else str(value))
+def test_reply_size_by_hand(buffer, size):
+    assert RESP.reply_size(buffer) == size
+    assert RESP.reply_size(bytearray(buffer)) == size
+
+
+@pytest.mark.parametrize("buffer", [
+    b"hello\r\n",            # the tail of a bulk string, read as if it were a reply
+    b"$5\r\nhello!!\r\n",    # more bytes than the length says
+    b"$-2\r\n", b"$05\r\nhello\r\n", b"$x\r\n", b"*-2\r\n", b":1.5\r\n", b":\r\n",
+    b"+OK\n",                # a bare \n
+    b"\r\n",
+    b"$2000000\r\n",         # longer than max_reply: it could never be buffered
+])
+def test_bytes_no_reply_starts_with_are_a_value_error(buffer):
+    with pytest.raises(ValueError):
+        RESP.reply_size(buffer)
+
+
+def test_fits_wants_one_whole_reply_of_a_type_the_command_can_get():
+    assert RESP.fits(b"GET a\r\n", b"$5\r\nhello\r\n")
+    assert RESP.fits(b"GET a\r\n", b"$-1\r\n")
+    assert RESP.fits(b"get a\r\n", b"-ERR wrong type\r\n")
+    assert not RESP.fits(b"GET a\r\n", b"$5\r\n")          # the head of a reply
+    assert not RESP.fits(b"GET b\r\n", b"hello\r\n")       # the tail of another's
+    assert not RESP.fits(b"GET a\r\n", b"+OK\r\n")         # SET's kind of answer
+    assert not RESP.fits(b"GET a\r\n", b"$1\r\na\r\n+OK\r\n")   # two replies
+    assert RESP.fits(b"PING\r\n", b"+PONG\r\n")
+    assert RESP.max_reply == 1 << 20
+
+
+# --- the real server (part3_demo.RedisServer, demo.py --part3) ----------------------------------
+
+HERE = pathlib.Path(__file__).parent
+
+
+def need_redis():
+    """Skip without redis-server, except in CI (CI=true), where its absence is a failure."""
+    if not part3_demo.redis_available():
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is not on PATH, and CI must run Part three's tests: "
+                        "`make redis-server` installs it")
+        pytest.skip("redis-server is not on PATH (`make redis-server` installs it)")
+
+
+def test_redis_server_is_stopped_and_waited_for_and_its_directory_removed_when_the_block_fails():
+    need_redis()
+    with pytest.raises(RuntimeError, match="a scenario failed"):
+        with part3_demo.RedisServer() as redis:
+            process, directory = redis.process, pathlib.Path(redis._directory.name)
+            control = part3_demo.RedisControl(redis.addr)
+            assert control.command("PING") == b"+PONG\r\n"
+            assert control.command("CONFIG GET save") == b"*2\r\n$4\r\nsave\r\n$0\r\n\r\n"
+            assert control.command("CONFIG GET appendonly") == b"*2\r\n$10\r\nappendonly\r\n$2\r\nno\r\n"
+            control.close()
+            raise RuntimeError("a scenario failed")
+    assert process.returncode is not None and not directory.exists()
+
+
+def test_redis_server_tries_another_port_when_its_first_one_is_taken(monkeypatch):
+    need_redis()
+    with socket.create_server(("127.0.0.1", 0)) as squatter:
+        ports = iter([squatter.getsockname()[1], part3_demo.free_port()])
+        monkeypatch.setattr(part3_demo, "free_port", lambda: next(ports))
+        with part3_demo.RedisServer() as redis:
+            assert redis.addr[1] != squatter.getsockname()[1]
+            control = part3_demo.RedisControl(redis.addr)
+            assert control.command("PING") == b"+PONG\r\n"
+            control.close()
+
+
+def test_demo_part3_prints_the_checked_in_transcript():
+    need_redis()
+    run = subprocess.run([sys.executable, "demo.py", "--part3"], cwd=HERE, capture_output=True, timeout=60)
+    assert run.stderr == b"" and run.returncode == 0
+    assert run.stdout == (HERE / "transcripts" / "part3.txt").read_bytes()
+
+
+def test_demo_part3_without_redis_prints_one_line_on_how_to_install_it_and_exits_0():
+    run = subprocess.run([sys.executable, "demo.py", "--part3"], cwd=HERE, capture_output=True, timeout=60,
+                         env={**os.environ, "PATH": "/nonexistent"})
+    assert (run.stdout.decode(), run.returncode) == (part3_demo.INSTALL_HINT + "\n", 0)
+    assert "apt-get install redis-server" in part3_demo.INSTALL_HINT
+
+
+# --- resp.RESP inside the pool: FramedProxy(framing=resp.RESP) -----------------------------------
+
+class ScriptedRedis(Server):
+    """A fake Redis: the reply to each request line is the next of `replies`, each written
+    as its list of parts; before part k > 1 it calls between(reply number, k)."""
+
+    def __init__(self, replies, between=lambda reply_number, part: None):
+        super().__init__()
+        self.replies, self.between = list(replies), between
+
+    def handle(self, conn):
+        for number, _ in enumerate(read_lines(conn), 1):
+            for part_number, part in enumerate(self.replies[number - 1], 1):
+                if part_number > 1:
+                    self.between(number, part_number)
+                conn.sendall(part)
+
+
+def ask_through(proxy, requests):
+    """Send each request through the proxy; read each reply whole, framed as RESP."""
+    with socket.create_connection(proxy.addr, timeout=10) as sock:
+        reader = types.SimpleNamespace(sock=sock, unread=b"")   # what read_resp() reads from
+        replies = []
+        for request in requests:
+            sock.sendall(request)
+            replies.append(part3_demo.read_resp(reader))
+        return replies
+
+
+def test_the_resp_pool_waits_through_a_reply_cut_after_its_length_line_and_inside_an_array():
+    proxy = None
+
+    def until_the_pool_went_back_for_more(reply_number, part):
+        proxy.wait_partial_replies(sum(len(parts) - 1 for parts in cut_replies[:reply_number - 1]) + part - 1)
+
+    cut_replies = [[b"$5\r\n", b"hello\r\n"],                                  # where a line framing stops
+                   [b"*2\r\n$3\r\none\r\n", b"*1\r\n:7", b"\r\n"]]             # inside a nested array
+    with ScriptedRedis(cut_replies, until_the_pool_went_back_for_more) as upstream, \
+            FramedProxy(upstream.addr, framing=RESP) as proxy:
+        replies = ask_through(proxy, [b"GET a\r\n", b"LRANGE l 0 -1\r\n"])
+        assert replies == [b"$5\r\nhello\r\n", b"*2\r\n$3\r\none\r\n*1\r\n:7\r\n"]
+        assert (proxy.opened, proxy.released, proxy.dirty, proxy.partial_replies) == (1, 2, 0, 3)
+
+
+def test_the_resp_pool_closes_a_connection_with_bytes_past_a_reply_and_refuses_a_reply_of_the_wrong_type():
+    with ScriptedRedis([[b"$5\r\nhello\r\n+EXTRA\r\n"], [b"+OK\r\n"]]) as upstream, \
+            FramedProxy(upstream.addr, framing=RESP) as proxy:
+        first = ask_through(proxy, [b"GET a\r\n"])
+        assert first == [b"$5\r\nhello\r\n"]   # the reply stands; the connection does not
+        assert (proxy.opened, proxy.dirty) == (1, 1)
+    with ScriptedRedis([[b"+OK\r\n"]]) as upstream, FramedProxy(upstream.addr, framing=RESP) as proxy:
+        with socket.create_connection(proxy.addr, timeout=10) as sock:
+            sock.sendall(b"GET a\r\n")
+            reply = next(read_lines(sock))
+        assert reply == b"ERR upstream: out of step: b'+OK\\r\\n' does not answer b'GET a\\r\\n'"
+        assert proxy.dirty == 1
