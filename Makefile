@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: demo race managed test check golden bench bench-quick soak clean
+.PHONY: demo race managed test check golden bench bench-quick bench-tools soak clean
 
 demo:
 	$(PYTHON) demo.py
@@ -46,6 +46,12 @@ bench:
 
 bench-quick:
 	$(PYTHON) bench.py --quick
+
+# socat and HAProxy, for the bench's comparison rows (Debian's packages; run as root).
+# bench.py runs without them and names this target in its notes.
+bench-tools:
+	apt-get update
+	apt-get install -y socat haproxy
 
 # The randomized proof at 10,000 examples instead of the suite's 200 (minutes, not seconds).
 soak: $(VENV_PYTHON)
