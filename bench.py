@@ -9,8 +9,8 @@
 Map of the module, in reading order:
 
     LeanUpstream       the line server behind every relay in the overhead section
-    Uncounted..., NotifyIfWaited..., Splice..., OneThreadPassthroughProxy
-                       the alternatives to PassthroughProxy's mechanism (and
+    Uncounted..., NotifyIfWaited..., Splice..., OneThreadPassthroughProxy,
+    PinnedConnections  the alternatives to PassthroughProxy's mechanism (and
                        "pinned-passthrough": the same class, its process on one CPU)
     NaglePassthroughProxy, DistantUpstream, ProfiledThreads
                        a relay without TCP_NODELAY, an upstream whose delays
@@ -132,6 +132,17 @@ class NotifyIfWaitedPassthroughProxy(PassthroughProxy):
             setattr(self, name, getattr(self, name) + amount)
             if self._changed._waiters:
                 self._changed.notify_all()
+
+
+class PinnedConnections:
+    """Mixin: each connection's threads pinned to the first CPU this process may
+    use (the accept loop stays free). One CPU is all that threads taking turns
+    at the GIL can use at once for bytecode, and on one CPU a GIL hand-off is a
+    switch between threads rather than a wake-up sent to the other core."""
+
+    def handle(self, conn):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})   # a thread it spawns inherits it
+        super().handle(conn)
 
 
 class SplicePassthroughProxy(PassthroughProxy):
@@ -266,6 +277,8 @@ def build_server(kind, upstream_addr, options):
     server_class = classes[kind]
     if options.get("profile"):
         server_class = type("Profiled" + server_class.__name__, (ProfiledThreads, server_class), {})
+    if options.get("pinned"):
+        server_class = type("Pinned" + server_class.__name__, (PinnedConnections, server_class), {})
     if kind == "upstream":
         delay = options.get("reply_delay")
         return server_class(pause=(lambda number: time.sleep(delay)) if delay else None)
@@ -790,21 +803,27 @@ def overhead(repetitions, seconds, notes):
     return {"rows": rows, "repetitions": repetitions, "seconds_each": seconds}
 
 
-ALTERNATIVES = (("PassthroughProxy as it is", "passthrough"),
-                ("no counting in the pumps", "uncounted-passthrough"),
-                ("count() without notify_all()", "notify-passthrough"),
-                ("pinned to one CPU", "pinned-passthrough"),
-                ("os.splice() through a pipe", "splice-passthrough"),
-                ("one selector thread for all bytes", "one-thread-passthrough"))
+ALTERNATIVES = (("PassthroughProxy as it is", "passthrough", {}),
+                ("no counting in the pumps", "uncounted-passthrough", {}),
+                ("count() without notify_all()", "notify-passthrough", {}),
+                ("whole process pinned to one CPU", "pinned-passthrough", {}),
+                ("connection threads pinned to one CPU", "passthrough", {"pinned": True}),
+                ("os.splice() through a pipe", "splice-passthrough", {}),
+                ("one selector thread for all bytes", "one-thread-passthrough", {}),
+                (f"FramedProxy cap {SCALE_POOL_CAP} as it is", "framed", {"pool_cap": SCALE_POOL_CAP}),
+                (f"FramedProxy cap {SCALE_POOL_CAP}, connection threads pinned", "framed",
+                 {"pool_cap": SCALE_POOL_CAP, "pinned": True}))
 
 
 def alternatives(repetitions, seconds, client_counts, notes):
-    """PassthroughProxy's mechanism against the alternatives to it, in one run:
+    """PassthroughProxy's mechanism against the alternatives to it, in one run
+    (and FramedProxy cap 8 with and without its connection threads pinned):
     requests/s, CPU per request split into user and system time, and the
     context switches that are the GIL's hand-offs (and every blocking recv)."""
     with contextlib.ExitStack() as stack:
         upstream = stack.enter_context(ServiceProcess("lean-upstream"))
-        relays = {label: stack.enter_context(ServiceProcess(kind, upstream.addr)) for label, kind in ALTERNATIVES}
+        relays = {label: stack.enter_context(ServiceProcess(kind, upstream.addr, **options))
+                  for label, kind, options in ALTERNATIVES}
         if shutil.which("socat"):
             relays["socat"] = stack.enter_context(ExternalRelay("socat", upstream.addr))
         else:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import bench
-from tcp_proxy import Upstream
+from tcp_proxy import PassthroughProxy, Upstream
 
 
 class WrongUpstream(Upstream):
@@ -172,8 +172,9 @@ def test_lean_upstream_answers_lines_however_they_were_cut():
     assert replies == [b"a=AAAAAAAAAAAA\n", b"b=BBBBBBBBBBBB\n", b"PONG\n"]
 
 
-@pytest.mark.parametrize("relay_class", [bench.UncountedPassthroughProxy, bench.SplicePassthroughProxy,
-                                         bench.OneThreadPassthroughProxy])
+@pytest.mark.parametrize("relay_class", [
+    bench.UncountedPassthroughProxy, bench.NotifyIfWaitedPassthroughProxy, bench.SplicePassthroughProxy,
+    bench.OneThreadPassthroughProxy, type("Pinned", (bench.PinnedConnections, PassthroughProxy), {})])
 def test_each_alternative_relay_gives_every_client_its_own_replies(relay_class):
     with bench.LeanUpstream() as upstream, relay_class(upstream.addr) as relay:
         measured = rounds_against(relay, 4, requests_each=25)
