@@ -1,6 +1,6 @@
 """bench.py: the times the demo cannot print, measured on this machine's loopback.
 
-    python3 bench.py                 every section, about five minutes
+    python3 bench.py                 every section, about eight minutes
     python3 bench.py --quick         fewer and shorter repetitions, 1,000 clients only: about a minute
     python3 bench.py --only scale    one section (or several, comma-separated)
     python3 bench.py --json FILE     also write every raw figure to FILE
@@ -9,9 +9,11 @@
 Map of the module, in reading order:
 
     LeanUpstream       the line server behind every relay in the overhead section
-    Uncounted..., NotifyIfWaited..., Splice..., OneThreadPassthroughProxy,
-    PinnedConnections  the alternatives to PassthroughProxy's mechanism (and
-                       "pinned-passthrough": the same class, its process on one CPU)
+    UnpinnedPassthroughProxy, Uncounted..., NotifyIfWaited..., Splice...,
+    OneThreadPassthroughProxy, PinnedConnections
+                       the alternatives to PassthroughProxy's mechanism, each a
+                       change to the relay without pinning (and "pinned-passthrough":
+                       that relay with its whole process on one CPU)
     NaglePassthroughProxy, DistantUpstream, ProfiledThreads
                        a relay without TCP_NODELAY, an upstream whose delays
                        overlap, and per-thread cProfile
@@ -114,7 +116,19 @@ class LeanUpstream(Server):
 # The alternatives to PassthroughProxy's mechanism, measured side by side by the
 # alternatives section; scaffolding for the bench, none of them is the lesson.
 
-class UncountedPassthroughProxy(PassthroughProxy):
+class UnpinnedPassthroughProxy(PassthroughProxy):
+    """PassthroughProxy's handle() without pinning its threads to one CPU: the
+    relay the other alternatives each change in one way."""
+
+    def handle(self, client):
+        upstream = self.connect(self.upstream_addr)
+        back = self.spawn(self._one_way, upstream, client, "returned")
+        self._one_way(client, upstream, "forwarded")
+        back.join()
+        self.forget(upstream)
+
+
+class UncountedPassthroughProxy(UnpinnedPassthroughProxy):
     """No counting at all in the pumps (its hooks no longer work): the floor
     that counting can be brought down to."""
 
@@ -123,7 +137,7 @@ class UncountedPassthroughProxy(PassthroughProxy):
             super().count(name, amount)
 
 
-class NotifyIfWaitedPassthroughProxy(PassthroughProxy):
+class NotifyIfWaitedPassthroughProxy(UnpinnedPassthroughProxy):
     """A fast path for Hooks.count(): the condition is still taken for every
     chunk, but notify_all() is skipped when nobody waits."""
 
@@ -145,7 +159,7 @@ class PinnedConnections:
         super().handle(conn)
 
 
-class SplicePassthroughProxy(PassthroughProxy):
+class SplicePassthroughProxy(UnpinnedPassthroughProxy):
     """os.splice(): the kernel moves each chunk from the source socket into a
     pipe and from the pipe into the sink; the bytes never enter Python."""
 
@@ -165,7 +179,7 @@ class SplicePassthroughProxy(PassthroughProxy):
         self.count(counter, moved_in_all)
 
 
-class OneThreadPassthroughProxy(PassthroughProxy):
+class OneThreadPassthroughProxy(UnpinnedPassthroughProxy):
     """One selector thread moves every byte of every connection, so no GIL
     hand-off happens between relays; but its sendall() blocks them all while
     one client does not read. A connection's handler only waits for its end."""
@@ -268,7 +282,8 @@ def build_server(kind, upstream_addr, options):
     passthrough, nagle-passthrough, framed or managed."""
     classes = {
         "upstream": Upstream, "lean-upstream": LeanUpstream, "distant-upstream": DistantUpstream,
-        "passthrough": PassthroughProxy, "pinned-passthrough": PassthroughProxy,
+        "passthrough": PassthroughProxy, "unpinned-passthrough": UnpinnedPassthroughProxy,
+        "pinned-passthrough": UnpinnedPassthroughProxy,
         "uncounted-passthrough": UncountedPassthroughProxy, "splice-passthrough": SplicePassthroughProxy,
         "one-thread-passthrough": OneThreadPassthroughProxy, "notify-passthrough": NotifyIfWaitedPassthroughProxy,
         "nagle-passthrough": NaglePassthroughProxy, "framed": FramedProxy,
@@ -804,10 +819,11 @@ def overhead(repetitions, seconds, notes):
 
 
 ALTERNATIVES = (("PassthroughProxy as it is", "passthrough", {}),
-                ("no counting in the pumps", "uncounted-passthrough", {}),
-                ("count() without notify_all()", "notify-passthrough", {}),
+                ("threads not pinned", "unpinned-passthrough", {}),
+                ("not pinned, no counting in the pumps", "uncounted-passthrough", {}),
+                ("not pinned, count() without notify_all()", "notify-passthrough", {}),
                 ("whole process pinned to one CPU", "pinned-passthrough", {}),
-                ("connection threads pinned to one CPU", "passthrough", {"pinned": True}),
+                ("connection threads pinned to one CPU", "unpinned-passthrough", {"pinned": True}),
                 ("os.splice() through a pipe", "splice-passthrough", {}),
                 ("one selector thread for all bytes", "one-thread-passthrough", {}),
                 (f"FramedProxy cap {SCALE_POOL_CAP} as it is", "framed", {"pool_cap": SCALE_POOL_CAP}),

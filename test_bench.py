@@ -174,7 +174,8 @@ def test_lean_upstream_answers_lines_however_they_were_cut():
 
 
 @pytest.mark.parametrize("relay_class", [
-    bench.UncountedPassthroughProxy, bench.NotifyIfWaitedPassthroughProxy, bench.SplicePassthroughProxy,
+    bench.UnpinnedPassthroughProxy, bench.UncountedPassthroughProxy, bench.NotifyIfWaitedPassthroughProxy,
+    bench.SplicePassthroughProxy,
     bench.OneThreadPassthroughProxy, type("Pinned", (bench.PinnedConnections, PassthroughProxy), {})])
 def test_each_alternative_relay_gives_every_client_its_own_replies(relay_class):
     with bench.LeanUpstream() as upstream, relay_class(upstream.addr) as relay:
