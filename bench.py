@@ -5,6 +5,7 @@
     python3 bench.py --only scale    one section (or several, comma-separated)
     python3 bench.py --json FILE     also write every raw figure to FILE
     python3 bench.py --profile       also profile the proxies' threads under load
+    python3 bench.py --perf          also count the futex() calls of each alternative (perf, Linux)
 
 Map of the module, in reading order:
 
@@ -52,6 +53,7 @@ import queue
 import resource
 import selectors
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -730,12 +732,33 @@ def ratio(mine, theirs):
 LOAD_GENERATORS = {"selector": throughput, "threads": threaded_round_trips}
 
 
-def measured_with_usage(load, addr, client_count, seconds, processes):
+class FutexCalls:
+    """The futex() system calls a process makes while the block runs, counted by
+    `perf stat` (a GIL hand-off that waits is one); .count stays None without perf."""
+
+    def __init__(self, pid):
+        self.pid, self.count, self.perf = pid, None, None
+
+    def __enter__(self):
+        self.perf = subprocess.Popen(["perf", "stat", "-x,", "-e", "syscalls:sys_enter_futex", "-p", str(self.pid)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.2)   # perf attaches to the process's threads
+        return self
+
+    def __exit__(self, *exc_info):
+        self.perf.send_signal(signal.SIGINT)
+        report = self.perf.communicate(timeout=START_TIMEOUT)[1]
+        counts = [int(line.split(",")[0]) for line in report.splitlines() if line[:1].isdigit()]
+        self.count = counts[0] if counts else None
+
+
+def measured_with_usage(load, addr, client_count, seconds, processes, count_futexes=False):
     """One measurement with the load generator named by `load`; the Round, and
     for each process its CPU microseconds (user, system) and context switches
-    per answered request while it ran."""
+    per answered request while it ran (and the last process's futex calls)."""
     before = [process.usage() for process in processes]
-    measured = LOAD_GENERATORS[load](addr, client_count, seconds)
+    with FutexCalls(processes[-1].process.pid) if count_futexes else contextlib.nullcontext() as futexes:
+        measured = LOAD_GENERATORS[load](addr, client_count, seconds)
     after = [process.usage() for process in processes]
     answered = max(measured.answered, 1)
     per_request = []
@@ -745,6 +768,7 @@ def measured_with_usage(load, addr, client_count, seconds, processes):
             end["voluntary"] + end["involuntary"] - start["voluntary"] - start["involuntary"]) / answered
         per_request.append({"cpu_us": (user + system) / answered * 1e6, "user_us": user / answered * 1e6,
                             "system_us": system / answered * 1e6, "switches": switches})
+    per_request[-1]["futexes"] = futexes.count / answered if futexes and futexes.count is not None else None
     return measured, per_request
 
 
@@ -763,7 +787,8 @@ def start_relays(upstream_addr, notes, stack):
     return relays
 
 
-def compare_relays(relays, upstream, client_counts, repetitions, seconds, loads=lambda client_count: ["selector"]):
+def compare_relays(relays, upstream, client_counts, repetitions, seconds, loads=lambda client_count: ["selector"],
+                   count_futexes=False):
     """Every relay (and a direct connection) measured in turn, repetition by
     repetition; each row's ratios to direct and to socat come from the same
     repetition, and each relay in turn is measured first after direct."""
@@ -777,8 +802,9 @@ def compare_relays(relays, upstream, client_counts, repetitions, seconds, loads=
                 for name in ["direct"] + names[turn:] + names[:turn]:
                     relay = relays.get(name)
                     processes = [upstream] + ([relay] if relay else [])
-                    measured, usage = measured_with_usage(load, relay.addr if relay else upstream.addr,
-                                                          client_count, seconds, processes)
+                    measured, usage = measured_with_usage(
+                        load, relay.addr if relay else upstream.addr, client_count, seconds, processes,
+                        count_futexes and isinstance(relay, ServiceProcess))
                     samples.setdefault((name, client_count, load), []).append({
                         "rate": measured.rate, "answered": measured.answered,
                         "p50_us": measured.percentile(0.50) * 1e6, "p99_us": measured.percentile(0.99) * 1e6,
@@ -791,6 +817,7 @@ def compare_relays(relays, upstream, client_counts, repetitions, seconds, loads=
         socat = samples.get(("socat", client_count, load))
         relay_usage = [run["relay"] for run in runs if run["relay"]]
         switches = [usage["switches"] for usage in relay_usage if usage["switches"] is not None]
+        futexes = [usage["futexes"] for usage in relay_usage if usage.get("futexes") is not None]
         rows.append({
             "relay": name, "clients": client_count, "load": load, "runs": runs,
             "rate": spread([run["rate"] for run in runs]),
@@ -803,6 +830,7 @@ def compare_relays(relays, upstream, client_counts, repetitions, seconds, loads=
             "relay_user_us": relay_usage and statistics.median(usage["user_us"] for usage in relay_usage),
             "relay_system_us": relay_usage and statistics.median(usage["system_us"] for usage in relay_usage),
             "switches": switches and statistics.median(switches),
+            "futexes": futexes and statistics.median(futexes),
             "wrong": sum(run["wrong"] for run in runs)})
     return rows
 
@@ -831,7 +859,7 @@ ALTERNATIVES = (("PassthroughProxy as it is", "passthrough", {}),
                  {"pool_cap": SCALE_POOL_CAP, "pinned": True}))
 
 
-def alternatives(repetitions, seconds, client_counts, notes):
+def alternatives(repetitions, seconds, client_counts, notes, count_futexes=False):
     """PassthroughProxy's mechanism against the alternatives to it, in one run
     (and FramedProxy cap 8 with and without its connection threads pinned):
     requests/s, CPU per request split into user and system time, and the
@@ -844,7 +872,7 @@ def alternatives(repetitions, seconds, client_counts, notes):
             relays["socat"] = stack.enter_context(ExternalRelay("socat", upstream.addr))
         else:
             notes.append("socat: skipped, not installed (`make bench-tools`)")
-        rows = compare_relays(relays, upstream, client_counts, repetitions, seconds)
+        rows = compare_relays(relays, upstream, client_counts, repetitions, seconds, count_futexes=count_futexes)
     return {"rows": rows, "repetitions": repetitions, "seconds_each": seconds}
 
 
@@ -1083,12 +1111,13 @@ def render_comparison(title, section, left_columns=3):
     return table(
         title,
         ["relay", "clients", "load", "req/s", "x direct", "x socat (range)", "p50 us", "p99 us",
-         "relay CPU us/req", "user", "system", "switches/req", "upstream CPU us/req", "wrong"],
+         "relay CPU us/req", "user", "system", "switches/req", "futex/req", "upstream CPU us/req", "wrong"],
         [[row["relay"], row["clients"], row["load"], f"{row['rate']['median']:.0f}",
           f"{row['x_direct']['median']:.2f}", ratio_cell(row["x_socat"]),
           f"{row['p50_us']:.0f}", f"{row['p99_us']:.0f}", cpu_cell(row["relay_cpu_us"]),
           cpu_cell(row["relay_user_us"]), cpu_cell(row["relay_system_us"]),
-          f"{row['switches']:.1f}" if row["switches"] else "-", f"{row['upstream_cpu_us']:.0f}", row["wrong"]]
+          f"{row['switches']:.1f}" if row["switches"] else "-",
+          f"{row['futexes']:.2f}" if row.get("futexes") else "-", f"{row['upstream_cpu_us']:.0f}", row["wrong"]]
          for row in sorted(section["rows"], key=lambda row: (row["clients"], row["load"] != "selector"))],
         left_columns)
 
@@ -1165,6 +1194,8 @@ def parse_arguments(argv=None):
     parser.add_argument("--json", metavar="FILE", help="write every raw figure to FILE")
     parser.add_argument("--profile", action="store_true",
                         help="also profile PassthroughProxy and FramedProxy under load (cProfile, every thread)")
+    parser.add_argument("--perf", action="store_true",
+                        help="alternatives: count each Python relay's futex() calls with `perf stat` (Linux, root)")
     parser.add_argument("--only", metavar="SECTIONS",
                         help="comma-separated sections to run (default all): " + ", ".join(SECTION_NAMES))
     parser.add_argument("--repetitions", type=int, help="repetitions per comparison (default 5, quick 3)")
@@ -1182,8 +1213,8 @@ def sections(arguments, notes):
     chosen = arguments.only.split(",") if arguments.only else list(SECTION_NAMES)
     every = {
         "overhead": (lambda: overhead(repetitions, seconds, notes), render_overhead),
-        "alternatives": (lambda: alternatives(repetitions, seconds, ALTERNATIVE_CLIENTS, notes),
-                         render_alternatives),
+        "alternatives": (lambda: alternatives(repetitions, seconds, ALTERNATIVE_CLIENTS, notes,
+                                              count_futexes=arguments.perf), render_alternatives),
         "nagle": (lambda: nagle(count=5 if arguments.quick else 20), render_nagle),
         "head_of_line": (lambda: head_of_line(repetitions), render_head_of_line),
         "scale": (lambda: scale(SCALE_CLIENTS[:1] if arguments.quick else SCALE_CLIENTS, notes), render_scale),
