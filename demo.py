@@ -23,7 +23,7 @@ import statistics
 import sys
 import threading
 
-from tcp_proxy import FramedProxy, NaiveProxy, PassthroughProxy, Upstream, answer
+from tcp_proxy import LINES, MAX_LINE, FramedProxy, NaiveProxy, PassthroughProxy, Upstream, answer
 
 CLIENT_NAMES = "ABCDEFGH"
 KEY_WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
@@ -119,7 +119,73 @@ def sent_line(client):
 
 
 def parsed_line(upstream):
-    return "  upstream parsed  " + ", ".join(repr(line) for line in upstream.requests)
+    return "  upstream parsed  " + ", ".join(repr(line) for line in upstream.parsed)
+
+
+# --- scaffolding: a pool without its checks, an upstream that lies ----------------
+
+class TrustingPool(FramedProxy):
+    """FramedProxy with its out-of-step checks switched off: bytes read past a reply
+    wait for the next borrower as the start of its reply, and nothing is checked.
+    The pool as it was before it learnt to refuse a dirty connection."""
+
+    def __init__(self, upstream_addr, pool_cap=1, framing=LINES):
+        super().__init__(upstream_addr, pool_cap=pool_cap, framing=framing)
+        self.leftovers = {}   # upstream socket -> bytes read past its last reply
+
+    def read_reply(self, sock, buffer=b""):
+        reply, self.leftovers[sock] = super().read_reply(sock, self.leftovers.get(sock, b""))
+        return reply, b""
+
+    def in_step(self, request, reply, rest):
+        return True
+
+    def quiet(self, sock):
+        return True
+
+
+EXTRA = b"EXTRA\n"   # the line nobody asked for
+
+
+class DishonestUpstream(Upstream):
+    """An upstream that breaks the protocol in one way, its `mode`:
+      extra        every reply followed by EXTRA, in the same write
+      extra-later  every reply, then later(k) is called, then EXTRA in a write of its own
+      drop-first   the first reply is never written; the rest are
+      endless      every reply replaced by MAX_LINE + 1 bytes with no b"\\n"
+      hang-up      the connection closed after each reply
+      mid-reply    the first 6 bytes of a reply, then the connection closed
+      silent       nothing is ever written
+    """
+    MODES = ("extra", "extra-later", "drop-first", "endless", "hang-up", "mid-reply", "silent")
+    counters = {**Upstream.counters, "extras": 0}
+    # extras  lines nobody asked for, written in full; bumped after their sendall()
+
+    def __init__(self, mode, later=lambda reply_number: None, **options):
+        if mode not in self.MODES:
+            raise ValueError(f"mode is one of {self.MODES}, not {mode!r}")
+        super().__init__(**options)
+        self.mode, self.later = mode, later
+        self._written = 0   # replies this upstream has been asked to write
+
+    def reply(self, conn, data):
+        self._written += 1
+        if self.mode == "silent" or (self.mode == "drop-first" and self._written == 1):
+            return
+        if self.mode == "mid-reply":
+            conn.sendall(data[:6])
+            conn.shutdown(socket.SHUT_RDWR)
+            return
+        if self.mode == "endless":
+            data = b"x" * (MAX_LINE + 1)
+        super().reply(conn, data + EXTRA if self.mode == "extra" else data)
+        if self.mode == "extra-later":
+            self.later(self._written)
+            conn.sendall(EXTRA)
+        if self.mode.startswith("extra"):
+            self.count("extras")
+        if self.mode == "hang-up":
+            conn.shutdown(socket.SHUT_RDWR)
 
 
 # --- the scenarios, in the order the commentary reads them ---------------------
@@ -150,7 +216,7 @@ def interleave():
         sent = sum(map(len, a.sent + b.sent))
         print(f"  verdict: {sent} bytes sent, {proxy.forwarded} forwarded, {upstream.bytes_in} "
               f"received upstream: nothing lost, nothing doubled, and the upstream parsed "
-              f"{len(upstream.requests)} requests that nobody sent")
+              f"{upstream.requests} requests that nobody sent")
 
 
 def misdelivery(routing):
@@ -295,6 +361,38 @@ def half_close():
           "closing forgets that the other direction was still open")
 
 
+def dishonest_trial(pool_class):
+    """A and B take turns through a pool of one connection to an upstream that follows
+    every reply with EXTRA; returns each client's requests and replies, and the proxy."""
+    with DishonestUpstream("extra") as upstream, pool_class(upstream.addr) as proxy, \
+            contextlib.ExitStack() as stack:
+        crowd, received = clients(stack, proxy.addr, 2), {"A": [], "B": []}
+        for round_number in range(ROUNDS):
+            for index, client in enumerate(crowd):
+                client.send(request(keys_for(index)[round_number]))
+                received[client.name].append(client.read_line())
+        return received, proxy
+
+
+def dishonest():
+    print("  the upstream follows every reply with b'EXTRA\\n' in the same write;")
+    print(f"  A and B take turns, {ROUNDS} requests each, through a pool of one connection")
+    for pool_class in (TrustingPool, FramedProxy):
+        received, proxy = dishonest_trial(pool_class)
+        asked = {name: [request(key) for key in keys_for(index)] for index, name in enumerate("AB")}
+        expected = {name: [answer(line[:-1]) for line in lines] for name, lines in asked.items()}
+        right = sum(got == want for name in "AB" for got, want in zip(received[name], expected[name]))
+        others = sum(got in expected[other] for name, other in ("AB", "BA") for got in received[name])
+        print(f"  {pool_class.__name__}:")
+        for name in "AB":
+            print(f"    {name} asked for {', '.join(keys_for('AB'.index(name)))}  received "
+                  + ", ".join(repr(line) for line in received[name]))
+        print(f"    right {right}/6   another client's answer {others}   "
+              f"dirty connections closed {proxy.dirty}   upstream connections opened {proxy.opened}")
+    print("  verdict: one line nobody asked for shifts every later reply by one; the pool "
+          "that checks closes the connection it was read on and hands out nothing wrong")
+
+
 SCENARIOS = [
     ("interleave", "Two clients' bytes interleave on one upstream socket", interleave),
     ("headline", "Whole requests, one after the other: B gets A's answer", headline),
@@ -305,6 +403,7 @@ SCENARIOS = [
     ("boundary", "The blind relay with one request in flight", serialised),
     ("half-close", "A client half-closes while the upstream still holds its reply",
      half_close),
+    ("dishonest", "An upstream that says one line nobody asked for", dishonest),
 ]
 
 

@@ -14,8 +14,12 @@ Map of the module, in reading order:
                               now(), sleep(seconds), wait(condition, deadline),
                               watch(condition) and unwatch(condition)
     ManagedError and its five subclasses, the failures a caller can see
-    ReliabilityCache          counts errors per port (and per host); disables a port
-                              for 1, 2, 4 ... 64 s; global_rcache() is the shared one
+    ReliabilityCache          counts errors per port; disables a port (and under a
+                              host policy its host) for 1, 2, 4 ... 64 s;
+                              global_rcache() is the shared one, policy "none"
+    Call, Connection          one request and its deadline; one socket, the calls
+                              it owes, writing under a deadline, the watchdog's deadlines
+    ConnectionThreads         a client's reader and watchdog threads, split out of it
     ManagedClient             one upstream connection at a time, remade on demand;
                               states down -> connecting -> up; several calls may be
                               pending on it, their replies matched in order
@@ -23,26 +27,61 @@ Map of the module, in reading order:
                               idempotent_call() with retries
     ManagedProxy              FramedProxy's client loop, its exchange() done by a ManagedSet
 
-Threads: each connection has a reader thread, and with idle_timeout > 0 an idle
-watchdog; shut_down() ends and joins them. Callers block in call() on the client's
-condition, which the clock wakes at their deadline.
+Threads: each connection has a reader thread, and a watchdog thread when it has a
+deadline to keep (idle_timeout > 0, or msg_timeout >= 0 and not fatal); shut_down()
+ends and joins them. Callers block in call() on the client's condition, which the
+clock wakes at their deadline. Hooks (on_event, availability) are never called with
+a lock held: a client queues them and calls them once it lets go of its lock.
+
+Defaults, as Ocamlnet's unless marked: a ManagedClient has no msg_timeout, no
+idle_timeout, no ping and the global cache (policy "none": never disables). A
+ManagedSet (so a ManagedProxy) has no limit on pending calls (it pipelines once its
+connections are busy), idempotent_max 3, idempotent_wait 5 s, and, beyond Ocamlnet,
+when given no rcache, a cache of its own derived from the global one with policy
+"independent", so it fails over out of the box; a retry goes first, and at once, to
+a service this call has not tried.
+
+Out of step: the line protocol has no request ids, so a reply is matched to the
+oldest call owed; a reply that cannot answer that call (reply_fits), or a line when
+no call is owed, proves the connection out of step, and it is ended: every call owed
+on it gets MessageLost, never another call's reply.
+
+Where this differs from Ocamlnet, on purpose (each pinned by a test):
+  - a timed-out call's reply is still owed (no request ids to drop it by), so the
+    call counts as pending until its reply comes; msg_timeout later, or past
+    ABANDONED_MAX abandoned calls, the connection ends with one error
+  - a set given no cache fails over (above); a retry that has an enabled service
+    not yet tried goes there at once, where Ocamlnet waits idempotent_wait before
+    every retry and picks in the same order again
+  - host policies disable a loopback host too (Ocamlnet never disables 127.0.0.1),
+    since every upstream here is on loopback
+  - a recovered port's host stays disabled until the latest open window of its
+    other failing ports; Ocamlnet's fold gives up on the host when it meets an
+    expired window first, which depends on its hash table's order
+  - at or above pending_calls_norm, pick() takes the least busy client below the
+    max; Ocamlnet takes whichever load level its hash table lists first
+  - pick() asks the cache about every service before it chooses (no lock held),
+    where Ocamlnet asks service by service until one gives a client
 
 The faults the scenarios need (an upstream that stops, restarts on the same port,
-drops or cuts a reply, or never answers) are scaffolding, in managed_demo.py.
+drops, cuts, skips or doubles a reply, never answers, closes at once or never reads)
+are scaffolding, in managed_demo.py.
 
 The order a request takes through ManagedProxy:
     client line -> FramedProxy.handle() -> exchange() -> ManagedSet.call(): pick()
-    -> ManagedClient.call(): usable connection (connect, initial ping) -> send
-    -> the reader thread matches the reply to the oldest pending call -> back to the client
+    -> ManagedClient.call(): one deadline -> usable connection (connect, initial ping)
+    -> send (wait for the write turn, write) -> the reader thread matches the reply
+    to the oldest call owed, if it fits -> back to the client
 """
 import collections
 import contextlib
 import math
+import select
 import socket
 import threading
 import time
 
-from tcp_proxy import FramedProxy, Hooks, LineTooLong, Server, read_lines, shutdown
+from tcp_proxy import MAX_LINE, FramedProxy, Hooks, LineTooLong, Server, read_lines, shutdown
 
 
 # --- time --------------------------------------------------------------------
@@ -171,12 +210,21 @@ def check_policy(policy):
 
 
 class Entry:
-    """Errors in a row for one port or one host, and its disable window."""
+    """Errors in a row for one port, and its disable window."""
 
     def __init__(self, first_window):
         self.errors = 0
         self.disabled_until = -math.inf   # clock time the current window ends
         self.window = first_window   # length of the next window; doubles per disable
+
+
+class HostEntry:
+    """A host disabled by a host policy: it has no counter or window of its own;
+    it ends when the last window of its failing ports ends (Ocamlnet's rule)."""
+
+    def __init__(self):
+        self.disabled_until = -math.inf
+        self.ports = set()   # the (ip, port)s whose windows disabled this host
 
 
 class ReliabilityCache(Hooks):
@@ -185,18 +233,21 @@ class ReliabilityCache(Hooks):
     An entry exists only while a port keeps failing: a success deletes it. Errors
     reaching `threshold` disable the port for disable_timeout_min seconds; each
     further disable doubles the window, up to disable_timeout_max; errors while a
-    window is open do not extend it. A derived cache has its own settings (those
-    not given are read live from its parent), forwards every error and success to
-    its parent, and enables a port only if its parent does too.
+    window is open do not extend it. Under a host policy a port's window also
+    disables its host until the latest window of the host's failing ports ends; a
+    success on a port that had an entry recomputes its host from the others. A
+    derived cache has its own settings (those not given are read live from its
+    parent), forwards every error and success to its parent, and enables a port
+    only if its parent does too. Each cache asks only its own availability hook.
 
     A setting given as None is inherited: read live from the parent, or for a cache
     without one the default (a RealClock for the clock). derive() passes None for
     every setting it is not given; a cache built with parent= directly owns the
     defaults of the settings it is not given, except availability and clock.
     """
-    counters = {"errors": 0, "successes": 0, "disables": []}
+    counters = {"errors": 0, "successes": 0, "disables": 0}
     # errors     record_error() calls; successes  record_success() calls
-    # disables   (key, start, end, reason) per window opened; key is an (ip, port) or an ip
+    # disables   windows opened; bumped by record_error() after it logs the window in `windows`
 
     def __init__(self, policy="none", threshold=1, disable_timeout_min=1.0, disable_timeout_max=64.0,
                  availability=None, clock=None, *, parent=None, on_event=None):
@@ -205,8 +256,11 @@ class ReliabilityCache(Hooks):
         self._config = {} if parent else dict(DEFAULTS)   # a derived cache holds only what it overrides
         self.configure(policy=policy, threshold=threshold, disable_timeout_min=disable_timeout_min,
                        disable_timeout_max=disable_timeout_max, availability=availability, clock=clock)
-        self._lock = threading.Lock()   # guards _entries
-        self._entries = {}              # (ip, port) or ip -> Entry
+        self._lock = threading.Lock()   # guards _entries and _hosts
+        self._entries = {}              # (ip, port) -> Entry
+        self._hosts = {}                # ip -> HostEntry, under a host policy only
+        self.windows = collections.deque(maxlen=64)   # the latest (key, start, end, reason) windows;
+                                                      # key is an (ip, port) or an ip
 
     def configure(self, **config):
         """Change settings in place, for every user of this cache, at any time; None
@@ -245,60 +299,89 @@ class ReliabilityCache(Hooks):
         given (or given as None), the clock included, are read live from this one."""
         return ReliabilityCache(**{**dict.fromkeys(DEFAULTS), **config}, parent=self, on_event=self.on_event)
 
-    def _host_keys(self, addr):
+    def _disables_host(self, addr):
         policy = self.setting("policy")
-        if policy == "any_failing_port_disables_host" or policy == ("failing_port_disables_host", addr[1]):
-            return [addr, addr[0]]   # the port's own entry, and its host's
-        return [addr]
+        return policy == "any_failing_port_disables_host" or policy == ("failing_port_disables_host", addr[1])
 
     def record_error(self, addr):
+        """Count an error against addr here and up the chain; call on_event for each window opened."""
+        for on_event, cache, event in self.count_error(addr):
+            on_event(cache, event)
+
+    def count_error(self, addr):
+        """record_error() without calling any hook: return the (on_event, cache, event)
+        calls it owes, so a caller holding a lock can make them once it has let go."""
         self.count("errors")
+        owed = []
         if self.setting("policy") != "none":
             now = self.clock.now()
             with self._lock:
-                opened = [self._error(key, now) for key in self._host_keys(addr)]
-            for window in filter(None, opened):
-                self.count("disables", window)
+                opened = self._error(addr, now)
+            for window in opened:
+                self.windows.append(window)
+                self.count("disables")
                 if self.on_event:
-                    self.on_event(self, ("disabled",) + window)
+                    owed.append((self.on_event, self, ("disabled",) + window))
         if self.parent:
-            self.parent.record_error(addr)
+            owed += self.parent.count_error(addr)
+        return owed
 
-    def _error(self, key, now):
-        """Count one error against key; return the window it opens, if it opens one."""
-        entry = self._entries.setdefault(key, Entry(self.setting("disable_timeout_min")))
+    def _error(self, addr, now):
+        """Count one error against addr; return the windows it opens (the port's, its host's)."""
+        entry = self._entries.setdefault(addr, Entry(self.setting("disable_timeout_min")))
         entry.errors += 1
         if now < entry.disabled_until:
-            return None   # already disabled: an error now does not extend the window
+            return []   # already disabled: an error now does not extend the window
         if entry.errors < self.setting("threshold"):
-            return None
+            return []
         window = min(entry.window, self.setting("disable_timeout_max"))   # a max lowered since still caps it
         entry.disabled_until = now + window
-        reason = f"{entry.errors} error(s) in a row, threshold {self.setting('threshold')}"
-        if isinstance(key, str):
-            reason = "host disabled: " + reason
         entry.window = min(window * 2, self.setting("disable_timeout_max"))
-        return key, now, entry.disabled_until, reason
+        reason = f"{entry.errors} error(s) in a row, threshold {self.setting('threshold')}"
+        opened = [(addr, now, entry.disabled_until, reason)]
+        if self._disables_host(addr):
+            host = self._hosts.setdefault(addr[0], HostEntry())
+            host.ports.add(addr)
+            if entry.disabled_until > host.disabled_until:   # the host ends with its last port's window
+                host.disabled_until = entry.disabled_until
+                opened.append((addr[0], now, host.disabled_until, "host disabled: " + reason))
+        return opened
 
     def record_success(self, addr):
+        """A reply from addr: forget its errors, here and up the chain."""
         self.count("successes")
-        with self._lock:   # a success forgets the past: counter and window start over
-            for key in (addr, addr[0]):
-                self._entries.pop(key, None)
+        with self._lock:
+            if self._entries.pop(addr, None):   # Ocamlnet touches the host only if the port had an entry
+                self._recompute_host(addr)
         if self.parent:
             self.parent.record_success(addr)
 
+    def _recompute_host(self, addr):
+        """With the lock held: the host of a port that recovered stays disabled only
+        until the latest open window of its other failing ports."""
+        host = self._hosts.get(addr[0])
+        if host is None:
+            return
+        host.ports.discard(addr)
+        now = self.clock.now()
+        ends = [self._entries[port].disabled_until for port in host.ports if port in self._entries
+                and self._entries[port].errors >= self.setting("threshold")
+                and now < self._entries[port].disabled_until]
+        if ends:
+            host.disabled_until = max(ends)
+        else:
+            del self._hosts[addr[0]]
+
     def is_enabled(self, addr):
-        """True unless this port, its host, the availability hook or a parent says no."""
-        availability = self.setting("availability")
+        """True unless this port, its host, this cache's availability hook or a parent says no."""
+        availability = self._config.get("availability")   # its own hook only: a parent asks its own
         if availability and not availability(addr):
             return False
         now = self.clock.now()
         with self._lock:
-            for key in (addr, addr[0]) if self.setting("policy") != "none" else ():
-                entry = self._entries.get(key)
-                if entry and now < entry.disabled_until:
-                    return False
+            port, host = self._entries.get(addr), self._hosts.get(addr[0])
+            if (port and now < port.disabled_until) or (host and now < host.disabled_until):
+                return False
         return self.parent.is_enabled(addr) if self.parent else True
 
 
@@ -318,25 +401,9 @@ def set_global_rcache_config(**config):
 
 # --- the managed client ------------------------------------------------------
 
-class Call:
-    """One request in progress, and how it ended."""
-
-    def __init__(self, deadline, is_ping=False):
-        self.deadline, self.is_ping = deadline, is_ping
-        self.reply = None       # the reply line, once it has arrived
-        self.error = None       # the ManagedError that ended it instead
-        self.abandoned = False  # timed out, not fatally: its reply is still owed and discarded
-
-
-class Connection:
-    """One socket of a ManagedClient and the calls whose replies it owes, oldest first."""
-
-    def __init__(self):
-        self.sock = None             # set once connected
-        self.owed = collections.deque()
-        self.failure = None          # the error that ended it, if an error did
-        self.ended = False
-        self.idle_since = None       # clock time the last reply left nothing owed
+ABANDONED_MAX = 64       # abandoned calls one connection may owe; one more ends it (a memory bound)
+TRANSITIONS_KEPT = 64    # entries of a client's transition_log; older ones are dropped
+SEND_RECHECK = 0.05      # real seconds a blocked write waits before it reads the clock again
 
 
 def fresh(error):
@@ -349,6 +416,19 @@ def check_request(request):
         raise ValueError(f"a request is one line of bytes ending in b'\\n', not {request!r:.60}")
 
 
+def reply_fits(request, reply):
+    """True if `reply` can answer `request` in the line protocol: PING -> PONG,
+    GET k -> k=... or ERR ...; anything else -> ERR .... A reply that fails this is
+    proof the connection is out of step; one that passes may still be another
+    GET's reply for the same key, which no line protocol without ids can tell."""
+    command, *keys = request.rstrip(b"\r\n").split(b" ")
+    if command == b"PING" and not keys:
+        return reply == b"PONG\n"
+    if reply.startswith(b"ERR "):
+        return True
+    return command == b"GET" and len(keys) == 1 and reply.startswith(keys[0] + b"=")
+
+
 def peer_has_closed(sock):
     """True if the upstream's EOF is already waiting on this socket."""
     try:
@@ -359,28 +439,200 @@ def peer_has_closed(sock):
         return True
 
 
-class ManagedClient(Hooks):
+class Call:
+    """One request in progress, its deadline, and how it ended."""
+
+    def __init__(self, request, deadline, is_ping=False):
+        self.request = request[:MAX_LINE]   # enough to judge a reply: no reply is longer
+        self.deadline, self.is_ping = deadline, is_ping
+        self.reply = None        # the reply line, once it has arrived
+        self.error = None        # the ManagedError that ended it instead
+        self.abandoned = False   # timed out, not fatally: its reply is still owed and discarded
+        self.overdue_at = None   # for an abandoned call: when its missing reply ends the connection
+
+    def expired(self, clock):
+        return self.deadline is not None and clock.now() >= self.deadline
+
+    def time_left(self, clock):
+        """Seconds to the deadline on `clock`, at least a millisecond; None for no deadline."""
+        return None if self.deadline is None else max(self.deadline - clock.now(), 0.001)
+
+
+class Connection:
+    """One socket of a ManagedClient and the calls whose replies it owes, oldest first.
+
+    It does the wire's work, which needs nothing of the client but its clock:
+    writing under a deadline, closing the socket once nothing uses it, and telling
+    the watchdog its next deadline. The client's lock guards every field; write()
+    alone runs without it, and only one writer at a time (`writing`)."""
+
+    def __init__(self):
+        self.sock = None             # set once connected
+        self.owed = collections.deque()
+        self.abandoned = 0           # abandoned calls in owed
+        self.answered = False        # a reply (the ping's too) has come: an EOF may now be quiet
+        self.writing = False         # a request is being written; the next writer waits its turn
+        self.reading = False         # the reader thread runs; it closes the socket when done
+        self.failure = None          # the error that ended it, if an error did
+        self.ended = False
+        self.idle_since = None       # clock time the last reply left nothing owed
+
+    def write(self, request, deadline, clock):
+        """Write all of request, never blocking past deadline on clock; False if the
+        deadline came first. An OSError means the connection is broken."""
+        unsent = memoryview(request)
+        while unsent:
+            if deadline is not None and clock.now() >= deadline:
+                return False
+            try:
+                unsent = unsent[self.sock.send(unsent, socket.MSG_DONTWAIT):]
+            except BlockingIOError:   # the upstream is not reading: wait for room, reading the clock again
+                wait = None if deadline is None else min(deadline - clock.now(), SEND_RECHECK)
+                select.select([], [self.sock], [], wait)
+        return True
+
+    def close_if_unused(self):
+        """Close an ended connection's socket once neither the reader thread nor a
+        writer uses it (a descriptor closed under a thread may be reused by another socket)."""
+        if self.ended and not self.reading and not self.writing and self.sock:
+            self.sock.close()
+
+    def idle_deadline(self, idle_timeout):
+        """When the watchdog closes it for idleness: None while calls are owed or with idle_timeout <= 0."""
+        if idle_timeout <= 0 or self.owed or self.idle_since is None:
+            return None
+        return self.idle_since + idle_timeout
+
+    def overdue_deadline(self):
+        """When the oldest missing reply of an abandoned call ends it; None if no call is abandoned."""
+        return min((call.overdue_at for call in self.owed if call.abandoned), default=None)
+
+
+class ConnectionThreads(Hooks):
+    """The two threads a ManagedClient runs beside its callers, per connection: the
+    reader, which settles calls with replies, and the watchdog, which keeps the
+    connection's own deadlines. Split out to be read on their own; they work on
+    the client's fields (see ManagedClient.__init__) under its lock, and end a
+    connection only through its _end()."""
+
+    # -- the reader thread --
+
+    def _read_replies(self, connection):
+        """The reader thread: each reply line settles the oldest call owed."""
+        problem = "upstream closed the connection"
+        try:
+            for line in read_lines(connection.sock):
+                with self._lock:   # not _locked(): a hook that calls here would wait on this very thread
+                    self._deliver(connection, line + b"\n")
+        except LineTooLong:
+            problem = "upstream sent an overlong line"
+        self._reader_finished(connection, problem)
+
+    def _reader_finished(self, connection, problem):
+        """The reader thread's last step: its stream has ended."""
+        with self._locked():
+            self._stream_ended(connection, problem)
+            connection.reading = False
+            connection.close_if_unused()
+
+    def _deliver(self, connection, reply):
+        if connection.ended:
+            return
+        if not connection.owed:
+            self._end(connection, "a reply no call was waiting for", MessageLost("unexpected reply"))
+            return
+        call = connection.owed[0]
+        if self.late_replies != "forget" and not reply_fits(call.request, reply):
+            self._end(connection, "a reply that does not fit its request",
+                      MessageLost("upstream out of step: a reply did not fit its request"))
+            return
+        connection.owed.popleft()   # the load-bearing line: a reply settles the oldest call owed
+        connection.answered = True
+        if call.abandoned:
+            connection.abandoned -= 1
+            self._calls.discard(call)
+            self.count("discarded")
+        elif call.is_ping:
+            self._move("up", "initial ping answered")
+        else:
+            call.reply = reply
+            self.count("replies")
+        self.rcache.record_success(self.addr)   # a reply is the proof of health, not a connect
+        if not connection.owed:
+            connection.idle_since = self.clock.now()
+            if self.idle_timeout == 0 and not call.is_ping:
+                self._end(connection, "idle: closed after the last reply (idle_timeout 0)")
+        self._lock.notify_all()
+
+    def _stream_ended(self, connection, problem):
+        """With the lock held: the upstream's EOF (or an overlong line). Quiet only if
+        the connection has carried a reply and owes no call anyone still waits for."""
+        waited_for = len(connection.owed) - connection.abandoned
+        if waited_for:
+            self._end(connection, f"{problem} with {waited_for} call(s) owed", MessageLost(problem))
+        elif not connection.answered:
+            self._end(connection, f"{problem} before any reply",
+                      CommunicationError(f"{problem} before any reply"))
+        else:   # Ocamlnet forgets a timed-out call: its reply, never come, is no error
+            self._end(connection, "upstream closed the idle connection")
+
+    # -- the watchdog thread --
+
+    def _watch(self, connection):
+        """The watchdog thread, on the client's clock, with no call needed: ends the
+        connection once it has been idle for idle_timeout, or once an abandoned
+        call's reply is overdue (one error, every call owed on it lost)."""
+        with self._locked():
+            while not connection.ended:
+                idle_end = connection.idle_deadline(self.idle_timeout) if self.state == "up" else None
+                overdue = connection.overdue_deadline()
+                if idle_end is not None and self.clock.now() >= idle_end:
+                    self._end(connection, f"idle for {as_seconds(self.idle_timeout)}")
+                elif overdue is not None and self.clock.now() >= overdue:
+                    self._end(connection, "an abandoned call's reply is overdue",
+                              MessageLost("a timed-out call's reply never came"))
+                else:
+                    deadlines = [deadline for deadline in (idle_end, overdue) if deadline is not None]
+                    self.clock.wait(self._lock, min(deadlines, default=None))
+
+
+class ManagedClient(ConnectionThreads):
     """One connection to one upstream at a time, made when a call needs it.
 
     A call on a down client connects; with initial_ping the new connection must
     answer PING before any request is sent, and calls wait in "connecting". An
     error takes the client down, counts once per connection, fails every call
-    pending on it, and is never retried here. An EOF while nothing is owed (the
-    upstream closed an idle connection) takes it down quietly; the next call
-    reconnects. idle_timeout: < 0 never, 0 right after the last reply, > 0 seconds
-    with nothing owed. msg_timeout bounds each call from its start, and the initial
-    ping; it ends the connection only if msg_timeout_is_fatal, else the late reply
-    is discarded when it arrives and counts as pending until then.
+    owed on it, and is never retried here. An EOF while nothing is owed, on a
+    connection that has carried a reply, takes it down quietly (the upstream closed
+    an idle connection) and the next call reconnects; on a connection that never
+    carried a reply it is an error. idle_timeout: < 0 never, 0 right after the last
+    reply, > 0 seconds with nothing owed.
 
-    Scaffolding: late_replies="forget" drops a timed-out call from the queue
-    instead, so its reply goes to the next call: the bug demo scenario 1 shows.
+    msg_timeout is one deadline per call, from its start: connecting, the initial
+    ping, waiting for a turn to write, writing, every reconnect and the reply. It
+    ends the connection only if msg_timeout_is_fatal (the other calls owed on it get
+    MessageLost); else the call is abandoned: its reply is still owed, discarded on
+    arrival, and counts as pending; if it has not come msg_timeout later, or more
+    than ABANDONED_MAX are owed, the connection ends with one error. A reply that
+    does not fit its request, or a line nobody asked for, ends the connection (out
+    of step): every call owed on it gets MessageLost, none another call's reply.
+
+    Hooks (on_event, the cache's availability and on_event) are called with no lock
+    held, so they may call anything, this client included: by the thread that
+    queued them, or, for those the reader thread queues while its connection lives,
+    by the next thread to let go of the lock (a caller it woke), never by the
+    reader, whose connection a hook's call() may need.
+
+    Scaffolding: late_replies="forget" drops a timed-out call from the queue and
+    trusts the next reply without checking it: the bug demo scenario 1 shows.
     """
-    counters = {"transitions": [], "calls": 0, "connects": 0, "sent": 0, "replies": 0, "discarded": 0,
-                "errors": 0}
-    # transitions  (from, to, reason) per state change; bumped by _move()
+    counters = {"transitions": 0, "calls": 0, "connects": 0, "sent": 0, "written": 0, "replies": 0,
+                "discarded": 0, "errors": 0}
+    # transitions  state changes; bumped by _move(), which logs each in transition_log
     # calls        calls begun; bumped by call() once its deadline is set
     # connects     sockets connected; bumped by _open()
-    # sent         requests written, pings included; bumped by _send() before sendall
+    # sent         requests queued to write, pings included; bumped by _send()
+    # written      requests written in full; bumped by _send() after the write returns
     # replies      replies handed to callers; bumped by the reader thread
     # discarded    late replies of abandoned calls thrown away; bumped by the reader thread
     # errors       failed connections (not failed calls); bumped by _end()
@@ -398,11 +650,12 @@ class ManagedClient(Hooks):
         self.state = "down"
         self.connection = None      # the Connection of states connecting and up
         self.reserved = 0           # picks by a ManagedSet whose call has not started
+        self.transition_log = collections.deque(maxlen=TRANSITIONS_KEPT)   # (from, to, reason), newest last
         self._calls = set()         # Calls begun and not settled (abandoned ones until their reply)
+        self._hooks_owed = []       # (function, args) to call once the lock is let go
         self._threads = []
         self._shut = False
         self._lock = threading.Condition()   # guards all the above; notified on every change
-        self._send_lock = threading.Lock()   # keeps the queue order equal to the wire order
         self.clock.watch(self._lock)
 
     @property
@@ -414,131 +667,68 @@ class ManagedClient(Hooks):
         with self._lock:
             self.reserved += 1
 
+    def release(self):
+        """Give back a pick's reservation without calling (call() ends one by itself)."""
+        with self._lock:
+            self.reserved = max(self.reserved - 1, 0)
+
+    # -- the lock and the hooks --
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """Hold the lock; once it is let go, make the hook calls owed meanwhile."""
+        try:
+            with self._lock:
+                yield
+        finally:
+            self._call_hooks()
+
+    def _call_hooks(self):
+        with self._lock:
+            owed, self._hooks_owed = self._hooks_owed, []
+        for function, args in owed:
+            function(*args)
+
     def _move(self, state, reason):
         transition = (self.state, state, reason)
         self.state = state
         self._lock.notify_all()
-        self.count("transitions", transition)
+        self.transition_log.append(transition)
+        self.count("transitions")
         if self.on_event:
-            self.on_event(self, ("transition",) + transition)
+            self._hooks_owed.append((self.on_event, (self, ("transition",) + transition)))
+
+    def _record_error(self):
+        """With the lock held: count the error in the cache now, its events later."""
+        for on_event, cache, event in self.rcache.count_error(self.addr):
+            self._hooks_owed.append((on_event, (cache, event)))
+
+    # -- a call --
 
     def call(self, request):
         """Send one request line and return its reply line, or raise a ManagedError."""
-        check_request(request)
         deadline = None if self.msg_timeout < 0 else self.clock.now() + self.msg_timeout
-        call = Call(deadline)
         with self._lock:
-            self.reserved = max(self.reserved - 1, 0)   # a pick's reservation becomes this call
+            self.reserved = max(self.reserved - 1, 0)   # first: even a rejected request ends its pick
+            check_request(request)
+            call = Call(request, deadline)
             self._calls.add(call)
         self.count("calls")
         try:
             connection = self._usable_connection(call)
             while not self._send(connection, call, request):   # it closed, idle, just now
                 connection = self._usable_connection(call)
-            with self._lock:
+            with self._locked():
                 return self._await(connection, call)
         finally:
             with self._lock:
                 if not call.abandoned:
                     self._calls.discard(call)
 
-    def _usable_connection(self, call):
-        """The up connection, after connecting (and pinging) if the client is down."""
-        while True:
-            with self._lock:
-                if self._shut:
-                    raise ManagedError("client shut down")
-                if not self.rcache.is_enabled(self.addr):
-                    raise ServiceUnavailable("the reliability cache has disabled this port")
-                connection = self.connection
-                if self.state == "up":
-                    if connection.owed or not peer_has_closed(connection.sock):
-                        return connection
-                    self._end(connection, "upstream closed the idle connection")
-                    continue
-                if self.state == "down":
-                    self.connection = connection = Connection()
-                    self._move("connecting", "a call needs a connection")
-                else:
-                    self._await_connecting(connection, call)
-                    continue
-            self._open(connection, call)
-            if connection.failure:   # this caller's own connect failed: its error, not the cache's
-                raise fresh(connection.failure)
-
-    def _await_connecting(self, connection, call):
-        """Wait while another call connects; fail with that attempt's error."""
-        while self.connection is connection and self.state == "connecting" and not self._shut:
-            ping = connection.owed[0] if connection.owed else None
-            if ping and ping.deadline is not None and self.clock.now() >= ping.deadline:
-                self._end(connection, "initial ping not answered in time",
-                          MessageTimeout(f"initial ping not answered within {as_seconds(self.msg_timeout)}"))
-            elif call.deadline is not None and self.clock.now() >= call.deadline:
-                raise MessageTimeout(f"still connecting after {as_seconds(self.msg_timeout)}")
-            else:
-                deadlines = [d for d in (call.deadline, ping and ping.deadline) if d is not None]
-                self.clock.wait(self._lock, min(deadlines, default=None))
-        if connection.failure:
-            raise fresh(connection.failure)
-
-    def _open(self, connection, call):
-        """Connect a Connection in state connecting; ping it, or declare the client up.
-
-        The ping shares the deadline of the call that opened the connection, so it
-        times out no later than any waiting call gives up, and its failure (counted
-        once, the client down) is what every waiting call sees."""
-        try:
-            sock = socket.create_connection(self.addr)
-        except OSError as error:
-            with self._lock:
-                self._end(connection, f"connect failed: {error.strerror}",
-                          CommunicationError(f"cannot connect: {error.strerror}"))
-            return
-        with self._lock:
-            if connection.ended:   # shut down while connecting
-                sock.close()
-                return
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            connection.sock = sock
-            self.count("connects")
-            self._spawn(self._read_replies, connection)
-            if self.idle_timeout > 0:
-                self._spawn(self._close_when_idle, connection)
-            if not self.initial_ping:
-                connection.idle_since = self.clock.now()
-                self._move("up", "connected")
-                return
-        with contextlib.suppress(ManagedError):   # a failed ping fails the waiting calls instead
-            self._send(connection, Call(call.deadline, is_ping=True), b"PING\n")
-
-    def _spawn(self, target, *args):
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        thread.start()
-
-    def _send(self, connection, call, request):
-        """Queue the call on the connection and write its request; False if the
-        connection had ended quietly first (nothing was sent: the caller reconnects)."""
-        with self._send_lock:   # queue order == wire order, so replies match calls
-            with self._lock:
-                if connection.ended:
-                    if connection.failure:
-                        raise fresh(connection.failure)
-                    return False
-                connection.owed.append(call)
-                self.count("sent")
-            try:
-                connection.sock.sendall(request)
-            except OSError as error:
-                with self._lock:
-                    self._end(connection, f"send failed: {error.strerror}",
-                              MessageLost(f"send failed: {error.strerror}"))
-        return True
-
     def _await(self, connection, call):
         """With the lock held: the call's reply, once the reader thread delivers it."""
         while call.reply is None and call.error is None:
-            if call.deadline is not None and self.clock.now() >= call.deadline:
+            if call.expired(self.clock):
                 self._time_out(connection, call)
             else:
                 self.clock.wait(self._lock, call.deadline)
@@ -548,68 +738,107 @@ class ManagedClient(Hooks):
 
     def _time_out(self, connection, call):
         timeout = MessageTimeout(f"no reply within {as_seconds(self.msg_timeout)}")
-        if self.msg_timeout_is_fatal:
-            self._end(connection, "message timeout (fatal)", timeout)
+        if self.msg_timeout_is_fatal:   # Ocamlnet: the other calls on it are lost, not timed out
+            self._end(connection, "message timeout (fatal)",
+                      MessageLost("another call's fatal message timeout closed the connection"))
         elif self.late_replies == "forget":   # scaffolding: the bug, as a real code path
             connection.owed.remove(call)
         else:   # the reply is still owed: it is discarded on arrival, and keeps the client busy
             call.abandoned = True
+            call.overdue_at = self.clock.now() + self.msg_timeout
+            connection.abandoned += 1
+            if connection.abandoned > ABANDONED_MAX:
+                self._end(connection, f"more than {ABANDONED_MAX} abandoned calls owed",
+                          MessageLost("too many replies overdue on the connection"))
+            self._lock.notify_all()   # the watchdog has a new deadline to keep
         raise timeout
 
-    def _read_replies(self, connection):
-        """The reader thread: each reply line settles the oldest call owed."""
-        try:
-            for line in read_lines(connection.sock):
-                with self._lock:
-                    self._deliver(connection, line + b"\n")
-            problem = "upstream closed the connection"
-        except LineTooLong:
-            problem = "upstream sent an overlong line"
-        with self._send_lock, self._lock:
-            if connection.owed:
-                self._end(connection, f"{problem} with {len(connection.owed)} call(s) owed",
-                          MessageLost(problem))
+    # -- the state machine: down -> connecting -> up --
+
+    def _usable_connection(self, call):
+        """The up connection, after connecting (and pinging) if the client is down;
+        MessageTimeout once the call's deadline has passed."""
+        opened = None   # the connection this call made, if it made one
+        while True:
+            if not self.rcache.is_enabled(self.addr):   # no lock held: the availability hook may call anything
+                raise ServiceUnavailable("the reliability cache has disabled this port")
+            with self._locked():
+                if self._shut:
+                    raise ManagedError("client shut down")
+                if opened and opened.failure:   # its own connection failed, maybe after _open(): no other
+                    raise fresh(opened.failure)
+                connection = self.connection
+                if self.state == "up":
+                    if connection.owed or not peer_has_closed(connection.sock):
+                        return connection
+                    self._stream_ended(connection, "upstream closed the connection")
+                    if connection.failure:   # it never carried a reply: an error, not a reconnect
+                        raise fresh(connection.failure)
+                    continue
+                if self.state == "connecting":
+                    self._await_connecting(connection, call)
+                    continue
+                if call.expired(self.clock):   # every reconnect is under the call's one deadline
+                    raise MessageTimeout(f"no connection within {as_seconds(self.msg_timeout)}")
+                self.connection = connection = Connection()
+                self._move("connecting", "a call needs a connection")
+            opened = connection
+            self._open(connection, call)
+            if connection.failure:   # this caller's own connect failed: its error, not the cache's
+                raise fresh(connection.failure)
+
+    def _await_connecting(self, connection, call):
+        """Wait while another call connects; fail with that attempt's error."""
+        while self.connection is connection and self.state == "connecting" and not self._shut:
+            ping = connection.owed[0] if connection.owed else None
+            if ping and ping.expired(self.clock):
+                self._end(connection, "initial ping not answered in time",
+                          MessageTimeout(f"initial ping not answered within {as_seconds(self.msg_timeout)}"))
+            elif call.expired(self.clock):
+                raise MessageTimeout(f"still connecting after {as_seconds(self.msg_timeout)}")
             else:
-                self._end(connection, "upstream closed the idle connection")
-            connection.sock.close()
+                deadlines = [d for d in (call.deadline, ping and ping.deadline) if d is not None]
+                self.clock.wait(self._lock, min(deadlines, default=None))
+        if connection.failure:
+            raise fresh(connection.failure)
 
-    def _deliver(self, connection, reply):
-        if connection.ended:
+    def _open(self, connection, call):
+        """Connect a Connection in state connecting, within the call's time left;
+        ping it, or declare the client up.
+
+        The ping shares the deadline of the call that opened the connection, so it
+        times out no later than any waiting call gives up, and its failure (counted
+        once, the client down) is what every waiting call sees."""
+        try:
+            sock = socket.create_connection(self.addr, timeout=call.time_left(self.clock))
+            sock.settimeout(None)   # reads block in the reader thread; writes keep their own deadline
+        except OSError as error:
+            reason = error.strerror or str(error)   # a connect timeout has no strerror
+            with self._locked():
+                self._end(connection, f"connect failed: {reason}", CommunicationError(f"cannot connect: {reason}"))
             return
-        if not connection.owed:
-            self._end(connection, "a reply no call was waiting for", MessageLost("unexpected reply"))
-            return
-        call = connection.owed.popleft()   # the load-bearing line: a reply settles the oldest call owed
-        if call.abandoned:
-            self._calls.discard(call)
-            self.count("discarded")
-        elif call.is_ping:
-            if reply != b"PONG\n":
-                self._end(connection, "initial ping answered wrongly", MessageLost("bad answer to PING"))
+        with self._locked():
+            if connection.ended:   # shut down while connecting
+                sock.close()
                 return
-            self._move("up", "initial ping answered")
-        else:
-            call.reply = reply
-            self.count("replies")
-        self.rcache.record_success(self.addr)   # a reply is the proof of health, not a connect
-        if not connection.owed:
-            connection.idle_since = self.clock.now()
-            if self.idle_timeout == 0 and not call.is_ping:
-                self._end(connection, "idle: closed after the last reply (idle_timeout 0)")
-        self._lock.notify_all()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            connection.sock = sock
+            connection.reading = True
+            self.count("connects")
+            self._spawn(self._read_replies, connection)
+            if self.idle_timeout > 0 or (self.msg_timeout >= 0 and not self.msg_timeout_is_fatal):
+                self._spawn(self._watch, connection)
+            if not self.initial_ping:
+                connection.idle_since = self.clock.now()
+                self._move("up", "connected")
+                return
+        with contextlib.suppress(ManagedError):   # a failed ping fails the waiting calls instead
+            self._send(connection, Call(b"PING\n", call.deadline, is_ping=True), b"PING\n")
 
-    def _close_when_idle(self, connection):
-        """The idle watchdog thread: close the connection once nothing has been owed
-        for idle_timeout seconds on the client's clock, with no call needed to notice."""
-        with self._lock:
-            while not connection.ended:
-                deadline = None
-                if self.state == "up" and not connection.owed:
-                    deadline = connection.idle_since + self.idle_timeout
-                    if self.clock.now() >= deadline:
-                        self._end(connection, f"idle for {as_seconds(self.idle_timeout)}")
-                        return
-                self.clock.wait(self._lock, deadline)
+    def _spawn(self, target, *args):
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
 
     def _end(self, connection, reason, failure=None):
         """With the lock held: take a connection down for good. A failure is counted
@@ -619,14 +848,14 @@ class ManagedClient(Hooks):
         connection.ended = True
         if failure:
             connection.failure = failure
-            self.rcache.record_error(self.addr)
+            self._record_error()
         for call in connection.owed:
             if failure:
                 call.error = failure
             if call.abandoned:   # its reply will never come and nobody waits: no longer pending
                 self._calls.discard(call)
         if connection.sock:
-            shutdown(connection.sock)   # wakes the reader thread, which closes the socket
+            shutdown(connection.sock)   # wakes the reader thread; the last of it and a writer closes the socket
         if self.connection is connection:
             self.connection = None
             self._move("down", reason)
@@ -636,7 +865,7 @@ class ManagedClient(Hooks):
 
     def shut_down(self):
         """Final: fail what is pending, close the connection, join every thread."""
-        with self._lock:
+        with self._locked():
             self._shut = True
             if self.connection:
                 for call in self.connection.owed:
@@ -647,6 +876,43 @@ class ManagedClient(Hooks):
             thread.join()
         self.clock.unwatch(self._lock)
 
+    # -- writing, under the call's deadline --
+
+    def _send(self, connection, call, request):
+        """Queue the call on the connection and write its request by the call's
+        deadline; False if the connection had ended quietly first (nothing was sent:
+        the caller reconnects). One writer at a time, so queue order is wire order."""
+        with self._locked():
+            while connection.writing and not connection.ended:
+                if call.expired(self.clock):
+                    raise MessageTimeout(f"request not sent within {as_seconds(self.msg_timeout)}")
+                self.clock.wait(self._lock, call.deadline)
+            if connection.ended:
+                if connection.failure:
+                    raise fresh(connection.failure)
+                return False
+            connection.writing = True
+            connection.owed.append(call)
+            self.count("sent")
+        written, broken = False, None
+        try:
+            written = connection.write(request, call.deadline, self.clock)
+        except OSError as error:
+            broken = error.strerror or str(error)
+        with self._locked():
+            connection.writing = False
+            self._lock.notify_all()
+            if broken:
+                self._end(connection, f"send failed: {broken}", MessageLost(f"send failed: {broken}"))
+            elif written:
+                self.count("written")
+            else:   # part of a request may be on the wire: the connection is unusable
+                self._end(connection, "a request not written in time",
+                          MessageLost("a request not written in time closed the connection"))
+                call.error = MessageTimeout(f"request not sent within {as_seconds(self.msg_timeout)}")
+            connection.close_if_unused()
+        return True
+
 
 # --- the managed set ---------------------------------------------------------
 
@@ -654,20 +920,29 @@ class ManagedSet(Hooks):
     """Managed clients over equivalent services; services = [(addr, max_connections), ...].
 
     pick(), for each service in policy order ("balance_load": fewest pending calls
-    first, ties by position; "failover": list order), skipping services the cache
-    has disabled: a client with fewer than pending_calls_norm pending calls, else a
-    new client if the service has room, else the least busy client below
-    pending_calls_max (ties by position); else ClusterServiceUnavailable.
+    first, ties by position; "failover": list order), services this call has
+    already tried last, skipping services the cache has disabled: the busiest
+    client with fewer than pending_calls_norm pending calls (ties by position: with
+    the default norm 1, an idle client), else a new client if the service has room,
+    else the least busy client below pending_calls_max (ties by position); else
+    ClusterServiceUnavailable.
+
+    Given no rcache, the set fails over out of the box: it derives its own cache
+    from the global one with policy "independent" (threshold 1, windows 1 s doubling
+    to 64 s), so a failed service is skipped until its window ends. A retry goes at
+    once to an enabled service this call has not tried yet, and waits
+    idempotent_wait only before trying a service again.
     """
     counters = {"picks": 0, "attempts": 0, "retries": 0, "refusals": 0}
     # picks     clients handed out by pick(); attempts  calls started by call()/idempotent_call()
-    # retries   bumped once a retry's wait has its deadline; refusals  raised by pick()
+    # retries   bumped once a retry has its deadline (now, if no wait); refusals  raised by pick()
 
     RETRIED_BY_CALL = (CommunicationError, ServiceUnavailable)   # the request never left
     RETRIED_BY_IDEMPOTENT_CALL = RETRIED_BY_CALL + (MessageLost, MessageTimeout, ClusterServiceUnavailable)
 
     def __init__(self, services, *, policy="balance_load", pending_calls_max=None, pending_calls_norm=1,
-                 idempotent_max=3, idempotent_wait=5.0, clock=None, on_event=None, **client_options):
+                 idempotent_max=3, idempotent_wait=5.0, clock=None, on_event=None, rcache=None,
+                 **client_options):
         if policy not in ("balance_load", "failover"):
             raise ValueError(f"policy is 'balance_load' or 'failover', not {policy!r}")
         if idempotent_max < 1:
@@ -679,8 +954,11 @@ class ManagedSet(Hooks):
         self.pending_calls_max, self.pending_calls_norm = pending_calls_max, pending_calls_norm
         self.idempotent_max, self.idempotent_wait = idempotent_max, idempotent_wait
         self.clock, self.on_event = clock or RealClock(), on_event
-        self.rcache = client_options.get("rcache") or global_rcache()
-        self.client_options = client_options
+        if rcache is None:   # beyond Ocamlnet, whose default cache never disables: a set of its own fails over
+            rcache = global_rcache().derive(policy="independent", clock=clock)
+            rcache.on_event = on_event   # its disable windows reach the set's hook
+        self.rcache = rcache
+        self.client_options = {**client_options, "rcache": self.rcache}
         self.clients = [[] for _ in self.services]   # per service, in creation order
         self._lock = threading.Condition()   # guards clients and _shut; shut_down() notifies it
         self._shut = False
@@ -688,23 +966,25 @@ class ManagedSet(Hooks):
 
     def load(self):
         """Pending calls per service, reservations included."""
-        return [sum(client.pending_calls for client in clients) for clients in self.clients]
+        return [sum(client.pending_calls for client in list(clients)) for clients in self.clients]
 
-    def pick(self):
-        """Reserve a client for one call; return (client, service index).
+    def pick(self, tried=()):
+        """Reserve a client for one call; return (client, service index). Services
+        in `tried` (indices) come after all the others.
 
         The reservation counts as a pending call until that client's next call()
         starts, so two threads picking at once never get the same idle client.
         """
+        # Asked before the lock is taken, every service each time: the availability hook may call anything.
+        enabled = [self.rcache.is_enabled(addr) for addr, _ in self.services]
         with self._lock:
             if self._shut:
                 raise ManagedError("set shut down")
             order = range(len(self.services))
             if self.policy == "balance_load":
                 order = sorted(order, key=self.load().__getitem__)   # stable: ties keep list order
-            for index in order:
-                addr, room = self.services[index]
-                if self.rcache.is_enabled(addr) and (client := self._pick_in(index, room)):
+            for index in sorted(order, key=lambda index: index in tried):   # untried services first
+                if enabled[index] and (client := self._pick_in(index, self.services[index][1])):
                     client.reserve()
                     self.count("picks")
                     return client, index
@@ -714,13 +994,14 @@ class ManagedSet(Hooks):
     def _pick_in(self, index, room):
         clients = self.clients[index]
         pending = [client.pending_calls for client in clients]
-        least = min(range(len(clients)), key=pending.__getitem__, default=None)   # first of the least busy
-        if least is not None and pending[least] < self.pending_calls_norm:
-            return clients[least]
+        below_norm = [n for n in range(len(clients)) if pending[n] < self.pending_calls_norm]
+        if below_norm:   # Ocamlnet packs: the busiest under norm, so the others can idle out
+            return clients[max(below_norm, key=pending.__getitem__)]   # max keeps the first of a tie
         if len(clients) < room:
             clients.append(ManagedClient(self.services[index][0], clock=self.clock,
                                          on_event=self.on_event, **self.client_options))
             return clients[-1]
+        least = min(range(len(clients)), key=pending.__getitem__, default=None)   # first of the least busy
         if least is not None and (self.pending_calls_max is None or pending[least] < self.pending_calls_max):
             return clients[least]
         return None
@@ -734,26 +1015,33 @@ class ManagedSet(Hooks):
         return self._attempts(request, self.RETRIED_BY_IDEMPOTENT_CALL)
 
     def _attempts(self, request, retried):
-        check_request(request)
+        check_request(request)   # before any pick: a bad request reserves nothing
+        tried = set()   # services this call has been sent to, or tried to be
         for attempt in range(1, self.idempotent_max + 1):
             self.count("attempts")
             index = None   # stays None if pick() finds no client
             try:
-                client, index = self.pick()
+                client, index = self.pick(tried)
+                tried.add(index)
                 reply = client.call(request)
             except retried as error:
                 self._note("attempt", attempt, index, f"{type(error).__name__}: {error}")
                 if attempt == self.idempotent_max:
                     raise
-                self._wait_before_retry()
+                self._wait_before_retry(0.0 if index is not None and self._untried_enabled(tried)
+                                        else self.idempotent_wait)
             else:
                 self._note("attempt", attempt, index, "ok")
                 return reply
 
-    def _wait_before_retry(self):
-        """idempotent_wait seconds on the set's clock; shut_down() cuts it short."""
+    def _untried_enabled(self, tried):
+        return any(index not in tried and self.rcache.is_enabled(addr)
+                   for index, (addr, _) in enumerate(self.services))
+
+    def _wait_before_retry(self, seconds):
+        """seconds on the set's clock; shut_down() cuts the wait short."""
         with self._lock:
-            deadline = self.clock.now() + self.idempotent_wait
+            deadline = self.clock.now() + seconds
             self.count("retries")   # after the deadline is fixed: a waiter may advance the clock now
             while not self._shut and self.clock.now() < deadline:
                 self.clock.wait(self._lock, deadline)
@@ -770,7 +1058,7 @@ class ManagedSet(Hooks):
             self._shut = True
             self._lock.notify_all()
         for clients in self.clients:
-            for client in clients:
+            for client in list(clients):
                 client.shut_down()
         self.clock.unwatch(self._lock)
 
@@ -778,7 +1066,15 @@ class ManagedSet(Hooks):
 # --- the proxy front -----------------------------------------------------------
 
 class ManagedProxy(FramedProxy):
-    """FramedProxy's client loop; each exchange() is a ManagedSet call."""
+    """FramedProxy's client loop; each exchange() is a ManagedSet call.
+
+    It pipelines by default, as Ocamlnet's set does (pending_calls_max has no
+    limit): once every connection of a service is busy, further calls queue on the
+    least busy one, replies matched in order. A lost, extra or mismatched reply is
+    caught as out of step and costs the calls on that connection a MessageLost
+    (an ERR line), never another client's reply; pass pending_calls_max=1 to keep
+    one call per connection.
+    """
     counters = {**Server.counters, "answered": 0, "failed": 0}
     # answered  replies from an upstream passed back; failed  ERR lines made from a ManagedError
 

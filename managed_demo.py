@@ -22,17 +22,25 @@ class FaultyUpstream(Upstream):
 
       close(), then restart()   stop, then listen again on the same port
       fail_next(n, how)         the next n replies: "drop" closes the connection
-                                instead; "cut" sends half the reply, then closes
+                                instead; "cut" sends half the reply, then closes;
+                                "skip" never sends it and carries on; "extra"
+                                sends it, then the same line again, unasked
       silent=True               accept and read, never answer
       hold={1, 2}               hold replies 1 and 2 (counted from 1) until release()
+      on_connect="close"        close every connection as soon as it is accepted
+      on_connect="deaf"         accept, never read a byte, keep it open until close()
     """
     counters = {**Upstream.counters, "faults": 0, "held": 0}
-    # faults  replies dropped or cut; bumped by reply()
+    # faults  replies dropped, cut, skipped or doubled; bumped by reply()
     # held    replies stopped by `hold`; bumped as one starts waiting for release()
 
-    def __init__(self, silent=False, hold=(), **upstream_options):
+    FAULTS = ("drop", "cut", "skip", "extra")
+
+    def __init__(self, silent=False, hold=(), on_connect="serve", **upstream_options):
+        if on_connect not in ("serve", "close", "deaf"):
+            raise ValueError(f"on_connect is 'serve', 'close' or 'deaf', not {on_connect!r}")
         super().__init__(pause=self._hold, **upstream_options)
-        self.silent, self.hold = silent, set(hold)
+        self.silent, self.hold, self.on_connect = silent, set(hold), on_connect
         self.faults_due = collections.deque()
         self._released = threading.Event()
 
@@ -48,9 +56,19 @@ class FaultyUpstream(Upstream):
         self.release()   # a held reply would keep close() waiting for its thread
         super().close()
 
+    def handle(self, conn):
+        if self.on_connect == "close":
+            return   # the server closes the connection as soon as handle() returns
+        if self.on_connect == "deaf":
+            with self._lock:   # close() notifies it
+                while not self.closed:
+                    self._lock.wait()
+            return
+        super().handle(conn)
+
     def fail_next(self, n=1, how="drop"):
-        if how not in ("drop", "cut"):
-            raise ValueError(f"how is 'drop' or 'cut', not {how!r}")
+        if how not in self.FAULTS:
+            raise ValueError(f"how is one of {self.FAULTS}, not {how!r}")
         self.faults_due.extend([how] * n)
 
     def reply(self, conn, data):
@@ -58,9 +76,15 @@ class FaultyUpstream(Upstream):
             return
         if self.faults_due:
             how = self.faults_due.popleft()
+            self.count("faults")
+            if how == "skip":
+                return
+            if how == "extra":
+                super().reply(conn, data)
+                conn.sendall(data)   # a line nobody asked for
+                return
             if how == "cut":
                 conn.sendall(data[:len(data) // 2])
-            self.count("faults")
             shutdown(conn)   # the reading thread sees EOF; the rest of the queue goes nowhere
             raise ConnectionAbortedError(f"fault injected: {how}")
         super().reply(conn, data)
@@ -70,9 +94,8 @@ class FaultyUpstream(Upstream):
         with self._lock:
             if not self.closed:
                 raise RuntimeError("restart() follows close()")
-            self._listener = socket.create_server(self.addr, backlog=1024)
             self._sockets, self.closed = set(), False
-        self._acceptor = self.spawn(self._accept_loop)
+        self.listen(self.addr)
 
 
 # --- the demo's helpers ---------------------------------------------------------
@@ -122,7 +145,7 @@ def ask(addr, requests):
 
 
 def show_transitions(client, first=0):
-    for before, after, reason in client.transitions[first:]:
+    for before, after, reason in list(client.transition_log)[first:]:
         print(f"    {before} -> {after}: {reason}")
 
 
@@ -205,7 +228,7 @@ def initial_ping():
                 clock.advance(1.0)
             for request, call in zip(("GET secret", "GET other"), calls):
                 print(f"  {request:<10} -> {call.result()}")
-            first, *rest = upstream.requests   # the two calls may go in either order
+            first, *rest = upstream.parsed   # the two calls may go in either order
             print(f"  the upstream received: {', '.join([first] + sorted(rest))}")
             print(f"  errors counted: {client.errors}")
             client.shut_down()
@@ -234,7 +257,7 @@ def failover():
             tried = "; ".join(f"{names[index]} {result}" for _, _, index, result in attempts)
             print(f"  t={clock.now()}s GET k -> {reply}   tried: {tried}")
         print("disable windows of A:")
-        for _, start, end, reason in cache.disables:
+        for _, start, end, reason in cache.windows:
             print(f"  t={start}s to t={end}s ({end - start}s): {reason}")
         print(f"A enabled now: {cache.is_enabled(first.addr)}")
         managed_set.shut_down()
@@ -251,7 +274,7 @@ def balance_load():
                 upstream.release()
             good = sum(call.result() == "burst=BBBBBBBBBBBB" for call in calls)
             print(f"{policy}: 9 calls at once, 3 upstreams of 3 connections: {good}/9 right")
-            print(f"  calls per upstream:       {[len(upstream.requests) for upstream in upstreams]}")
+            print(f"  calls per upstream:       {[upstream.requests for upstream in upstreams]}")
             print(f"  connections per upstream: {[upstream.connections for upstream in upstreams]}")
             managed_set.shut_down()
 
@@ -267,7 +290,7 @@ def back_pressure():
             for request, call in zip(("GET a", "GET b"), held):
                 print(f"  {request} -> {call.result()[0]}")
             print(f"  refused at once: {proxy.managed_set.refusals}; "
-                  f"requests that reached the upstream: {len(upstream.requests)}")
+                  f"requests that reached the upstream: {upstream.requests}")
 
 
 def pipelining():

@@ -14,8 +14,10 @@ Map of the module, in reading order (COMMENTARY.md walks it in the same order):
     Relay                    the pump shared by the two protocol-blind relays
     NaiveProxy               one upstream socket shared by all clients; replies go to the
                              client that wrote last, or to every client
+    LineFraming, LINES       where a reply ends, and which replies can answer a request
     FramedProxy              a pool: one borrow per request, checked back in when the
-                             reply is over, judged by its b"\\n" or by a silence
+                             reply is over, judged by its framing or by a silence; with
+                             the framing it refuses any connection that is out of step
     PassthroughProxy         one upstream connection per client; the layer-4 baseline
 
 The hooks: every object counts events in named counters (see each class's
@@ -24,18 +26,22 @@ reaches n and raises TimeoutError, naming every counter, if it does not.
 demo.py sequences every step on them instead of sleeping.
 
 The order a request takes through FramedProxy:
-    client line -> read_lines() -> exchange(): checkout() -> sendall -> read_reply()
-    -> checkin() -> the reply line back to the client
+    client line -> read_lines() -> exchange(): checkout() (a quiet idle connection, or a
+    new one) -> sendall -> read_reply() -> in_step() -> checkin() -> the reply to the client
 """
+import collections
 import contextlib
 import itertools
 import queue
 import select
 import socket
 import threading
+import time
 
-MAX_LINE = 64 * 1024   # the longest request line anyone here will buffer
-CHUNK = 4096           # bytes asked of one recv()
+MAX_LINE = 64 * 1024     # the longest line anyone here will buffer
+CHUNK = 4096             # bytes asked of one recv()
+CONNECT_TIMEOUT = 1.5    # seconds a connect to an upstream may take (close() waits out at most this)
+ACCEPT_POLL = 0.05       # seconds between an accept loop's looks at `closed`; its rest after an error
 
 
 # --- the line protocol ------------------------------------------------------
@@ -54,10 +60,10 @@ class LineTooLong(ValueError):
     """A peer sent more than MAX_LINE bytes without a b"\\n"."""
 
 
-def recv(sock):
+def recv(sock, flags=0):
     """One recv(); a reset or a socket shut down by close() reads as EOF (b"")."""
     with contextlib.suppress(OSError):
-        return sock.recv(CHUNK)
+        return sock.recv(CHUNK, flags)
     return b""
 
 
@@ -82,8 +88,9 @@ def read_lines(sock, on_bytes=lambda n: None):
 
 
 def more_of_reply(sock):
-    """The next bytes of a reply; EOF before the reply's end is an error."""
-    data = recv(sock)
+    """The next bytes of a reply. EOF before the reply's end is an error, and so is
+    silence longer than the socket's timeout (TimeoutError)."""
+    data = sock.recv(CHUNK)
     if not data:
         raise ConnectionResetError("upstream closed mid-reply")
     return data
@@ -101,27 +108,20 @@ class Hooks:
     """Named counters of real events, and wait_<counter>(n) for each of them.
 
     Scaffolding: nothing in a proxy's mechanism reads these counters; they exist
-    so demo.py and the tests can wait for an event instead of sleeping. A counter
-    whose start value is a list counts its length (Upstream.requests).
+    so demo.py and the tests can wait for an event instead of sleeping.
     """
     counters = {}          # name -> start value; each class adds its own
     hook_timeout = 10.0    # seconds a wait_<counter>() may block before it raises
 
     def __init__(self):
         self._changed = threading.Condition()   # notified by count() on every bump
-        for name, start in self.counters.items():
-            setattr(self, name, start.copy() if isinstance(start, list) else start)
+        self.__dict__.update(self.counters)   # every counter at its start value
 
     def count(self, name, amount=1):
-        """Bump a counter (append `amount` to a list counter) and wake all waiters."""
+        """Add `amount` to a counter and wake all waiters."""
         with self._changed:
-            value = getattr(self, name)
-            value.append(amount) if isinstance(value, list) else setattr(self, name, value + amount)
+            setattr(self, name, getattr(self, name) + amount)
             self._changed.notify_all()
-
-    def level(self, name):
-        value = getattr(self, name)
-        return len(value) if isinstance(value, list) else value
 
     def wait_until(self, ready, what, timeout=None):
         """Block until ready() is true; raise TimeoutError naming `what` if it is not."""
@@ -133,15 +133,15 @@ class Hooks:
         name = attribute[len("wait_"):]
         if attribute.startswith("wait_") and name in self.counters:
             return lambda n, timeout=None: self.wait_until(
-                lambda: self.level(name) >= n, f"{name} to reach {n}", timeout)
+                lambda: getattr(self, name) >= n, f"{name} to reach {n}", timeout)
         raise AttributeError(attribute)
 
     def __repr__(self):
         return f"<{type(self).__name__} " + ", ".join(
-            f"{name}={self.level(name)}" for name in self.counters) + ">"
+            f"{name}={getattr(self, name)}" for name in self.counters) + ">"
 
 
-class Server(Hooks):
+class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with`'s __enter__
     """Listen on 127.0.0.1, port 0; run handle(conn) in a thread per connection.
 
     close() (or leaving a `with` block) shuts every socket down, which wakes any
@@ -157,7 +157,12 @@ class Server(Hooks):
         # subclass shares between threads; close() notifies it, so waiters see `closed`
         self._lock = threading.Condition()
         self._threads, self._sockets, self.closed = [], set(), False
-        self._listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
+        self.listen(("127.0.0.1", 0))
+
+    def listen(self, addr):
+        """Listen on addr (port 0: a free port, then in .addr) and start accepting."""
+        self._listener = socket.create_server(addr, backlog=1024)
+        self._listener.settimeout(ACCEPT_POLL)   # accepted sockets still block: see _accept_loop
         self.addr = self._listener.getsockname()
         self._acceptor = self.spawn(self._accept_loop)
 
@@ -165,31 +170,35 @@ class Server(Hooks):
         """Serve one accepted connection until it ends; each subclass says how."""
 
     def _accept_loop(self):
-        while True:
-            conn, _ = self._listener.accept()
-            if self.closed:   # the wake-up connection made by close()
-                conn.close()
-                return
-            self.track(conn)
+        while not self.closed:
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:   # nobody came for ACCEPT_POLL seconds: look at `closed` again
+                continue
+            except OSError:   # out of descriptors (EMFILE, ENFILE), an aborted connect: not
+                time.sleep(ACCEPT_POLL)   # fatal; rest until clients leave, then go on
+                continue
+            self.track(conn)   # after close(), track() shuts it down at once
             self.count("connections")
             self.spawn(self._serve, conn)
 
     def _serve(self, conn):
         try:
-            self.handle(conn)
-        except LineTooLong as error:
-            with contextlib.suppress(OSError):   # a peer that has gone needs no answer
-                conn.sendall(b"ERR %s\n" % str(error).encode())
-        except OSError:
-            pass   # the peer vanished mid-conversation; nothing is owed to it
-        finally:
+            with contextlib.suppress(OSError):   # a peer that vanished mid-conversation is owed nothing
+                try:
+                    self.handle(conn)
+                except LineTooLong as error:
+                    conn.sendall(b"ERR %s\n" % str(error).encode())
+        finally:   # whatever went wrong, the client sees its connection end
             self.forget(conn)
 
     def spawn(self, target, *args):
         """Start a thread that close() will join."""
         thread = threading.Thread(target=target, args=args, daemon=True)
         with self._lock:   # started under the lock, so close() never misses it
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+            if len(self._threads) % 1024 == 0:   # forget finished threads now and then, not on
+                self._threads = [t for t in self._threads if t.is_alive()]   # every accept
+            self._threads.append(thread)
             thread.start()
         return thread
 
@@ -208,9 +217,11 @@ class Server(Hooks):
             self._sockets.discard(sock)
             sock.close()
 
-    def connect(self, addr):
-        """Open a tracked connection to addr (the upstream)."""
-        sock = self.track(socket.create_connection(addr))
+    def connect(self, addr, read_timeout=None):
+        """Open a tracked connection to addr (the upstream) within CONNECT_TIMEOUT;
+        its reads then wait at most read_timeout seconds (None: as long as it takes)."""
+        sock = self.track(socket.create_connection(addr, timeout=CONNECT_TIMEOUT))
+        sock.settimeout(read_timeout)
         self.count("opened")
         return sock
 
@@ -220,24 +231,19 @@ class Server(Hooks):
         with self._lock:
             if self.closed:
                 return
-            self.closed = True
             for sock in self._sockets:
                 shutdown(sock)
+            self.closed = True   # only now: a thread that sees it can no longer send anything
             self._lock.notify_all()
         with self._changed:   # hook waiters too (Upstream's gate) must see `closed`
             self._changed.notify_all()
-        while self._acceptor.is_alive():   # a connection unblocks accept(); a storm of
-            with contextlib.suppress(OSError):   # connects may drop it, so try again
-                socket.create_connection(self.addr, timeout=0.5).close()
-            self._acceptor.join(0.5)
+        self._acceptor.join()   # it sees `closed` within ACCEPT_POLL seconds
         while alive := [t for t in self._threads if t.is_alive()]:
-            alive[0].join()   # joined threads may have spawned others: look again
+            for thread in alive:   # joined threads may have spawned others: look again
+                thread.join()
         self._listener.close()
         for sock in self._sockets:   # what outlived its handler: pooled, shared sockets
             sock.close()
-
-    def __enter__(self):
-        return self
 
     def __exit__(self, *exc_info):
         self.close()
@@ -255,37 +261,40 @@ class Upstream(Server):
       pause(k)      called before the rest of reply k (counted from 1) when
                     split_at is set, else before the whole of it
     """
-    counters = {**Server.counters, "bytes_in": 0, "requests": [], "replies": 0}
+    counters = {**Server.counters, "bytes_in": 0, "requests": 0, "replies": 0}
     # bytes_in  bytes received from all connections; bumped per recv()
-    # requests  request lines parsed, in arrival order; bumped per line
+    # requests  request lines parsed; bumped per line, after it joins `parsed`
     # replies   replies written in full; bumped after the last sendall()
 
     def __init__(self, gate=0, split_at=None, pause=None):
         super().__init__()
         self.gate, self.split_at, self.pause = gate, split_at, pause or (lambda number: None)
         self._reply_numbers = itertools.count(1)   # numbers replies for pause()
+        self.parsed = collections.deque(maxlen=1000)   # the latest request lines, in arrival order
 
     def handle(self, conn):
         """Read and parse on this thread; a writer thread sends the replies in order,
-        so a held reply (gate, pause) never stops the reading."""
-        replies = queue.SimpleQueue()
+        so a held reply (gate, pause) never stops the reading. The queue between them
+        is bounded: a client that does not read its replies is, in turn, not read."""
+        replies = queue.Queue(64)   # a reply that finds it full waits, and so does the reading
         writer = self.spawn(self._write_replies, conn, replies)
         try:
             for line in read_lines(conn, lambda n: self.count("bytes_in", n)):
-                self.count("requests", line.decode("utf-8", "replace"))
+                self.parsed.append(line.decode("utf-8", "replace"))
+                self.count("requests")
                 replies.put(answer(line))
         finally:
             replies.put(None)   # end of input: the writer drains what is queued, then stops
             writer.join()
 
     def _write_replies(self, conn, replies):
-        with contextlib.suppress(OSError):   # the client has gone: no one reads the rest
-            while (data := replies.get()) is not None:
+        while (data := replies.get()) is not None:   # taken even when the client has gone,
+            with contextlib.suppress(OSError):       # so the reader never waits on a full queue
                 self.reply(conn, data)
 
     def reply(self, conn, data):
         if self.gate:   # scaffolding: held until `gate` requests are in, or until close()
-            self.wait_until(lambda: len(self.requests) >= self.gate or self.closed, "the gate")
+            self.wait_until(lambda: self.requests >= self.gate or self.closed, "the gate")
         number, cut = next(self._reply_numbers), self.split_at or 0
         conn.sendall(data[:cut])   # nothing at all unless split_at is set
         self.pause(number)
@@ -321,13 +330,15 @@ class NaiveProxy(Relay):
     def __init__(self, upstream_addr, routing="last"):
         if routing not in ("last", "broadcast"):
             raise ValueError(f"routing is 'last' or 'broadcast', not {routing!r}")
-        upstream = socket.create_connection(upstream_addr)   # first: a failure leaves nothing open
         super().__init__()
         self.routing = routing
         self.clients = []   # connected clients, in arrival order
         self.last = None    # the client whose bytes went up most recently
-        self.upstream = self.track(upstream)
-        self.count("opened")
+        try:
+            self.upstream = self.connect(upstream_addr)
+        except OSError:   # a proxy that cannot reach its upstream leaves nothing open
+            self.close()
+            raise
         self.spawn(self._downstream)
 
     def handle(self, client):
@@ -359,31 +370,51 @@ class NaiveProxy(Relay):
 
 # --- the pool that parses ----------------------------------------------------
 
-class PooledConnection:
-    """An upstream socket and the bytes already read past the last reply's end."""
+class LineFraming:
+    """The toy protocol as the pool reads it: where a reply ends, and which replies
+    can answer a request. FramedProxy takes any object with these three names."""
+    max_reply = MAX_LINE   # a longer reply is a peer out of step, not a reply
 
-    def __init__(self, sock):
-        self.sock, self.leftover = sock, b""
+    def reply_size(self, buffer):
+        """The length of the whole reply at the start of buffer, or None if it has not ended."""
+        end = buffer.find(b"\n")
+        return None if end < 0 else end + 1
+
+    def fits(self, request, reply):
+        """GET k is answered k=..., PING is answered PONG, and anything may be answered ERR."""
+        command, _, key = request.rstrip(b"\r\n").partition(b" ")
+        expected = {b"GET": key + b"=", b"PING": b"PONG\n"}.get(command, b"ERR ")
+        return reply.startswith((b"ERR ", expected))
+
+
+LINES = LineFraming()
+
+
+class OutOfStep(Exception):
+    """An upstream connection said what no request asked for: it is never lent again."""
 
 
 class FramedProxy(Server):
     """A pool of at most pool_cap upstream connections; one borrow per request.
 
-    release="framed" checks a connection in after the reply's b"\\n" and keeps any
-    bytes read past it with the connection; release="timeout" checks it in once
-    the upstream has been silent for release_timeout seconds.
+    release="framed" checks a connection in once framing says the reply has ended,
+    and only if it is in step (in_step(), quiet()); release="timeout" checks it in
+    once the upstream has been silent for release_timeout seconds, and checks nothing.
+    An upstream silent for reply_timeout seconds mid-exchange costs the client an ERR line.
     """
-    counters = {**Server.counters, "released": 0, "discarded": 0, "partial_replies": 0}
+    counters = {**Server.counters, "released": 0, "discarded": 0, "dirty": 0, "partial_replies": 0}
     # released         checkins to the idle list; bumped by checkin()
-    # discarded        connections closed after a failed exchange
+    # discarded        connections closed after an error or a hang-up; bumped by checkin()
+    # dirty            connections closed because the upstream was out of step; bumped by checkin()
     # partial_replies  framed reads that held part of a reply and went back for more
 
-    def __init__(self, upstream_addr, pool_cap=1, release="framed", release_timeout=0.05):
+    def __init__(self, upstream_addr, pool_cap=1, release="framed", release_timeout=0.05,
+                 framing=LINES, reply_timeout=5.0):
         if release not in ("framed", "timeout"):
             raise ValueError(f"release is 'framed' or 'timeout', not {release!r}")
         super().__init__()
-        self.upstream_addr, self.pool_cap = upstream_addr, pool_cap
-        self.release, self.release_timeout = release, release_timeout
+        self.upstream_addr, self.pool_cap, self.framing = upstream_addr, pool_cap, framing
+        self.release, self.release_timeout, self.reply_timeout = release, release_timeout, reply_timeout
         self.idle = []     # connections checked in, ready to lend
         self.open = 0      # connections open now, idle or lent; never above pool_cap
         self._pool = self._lock   # notified by checkin(), and by close() to end all waits
@@ -393,69 +424,93 @@ class FramedProxy(Server):
             client.sendall(self.exchange(line + b"\n"))
 
     def exchange(self, request):
-        """Send one request upstream and return its reply (an ERR line if that fails)."""
-        connection, finished = None, False
+        """Send one request upstream and return its reply, or an ERR line if that fails."""
+        sock, outcome = None, "discarded"
         try:
-            connection = self.checkout()
-            connection.sock.sendall(request)
-            reply, connection.leftover = self.read_reply(connection)
-            finished = True
+            sock = self.checkout()
+            sock.sendall(request)
+            reply, rest = self.read_reply(sock)
+            outcome = "released" if self.in_step(request, reply, rest) else "dirty"
             return reply
-        except OSError as error:
+        except (OutOfStep, OSError) as error:
+            outcome = "dirty" if isinstance(error, OutOfStep) else "discarded"
             return b"ERR upstream: %s\n" % str(error).encode()
         finally:
-            if connection:   # a failed exchange's connection is never lent again
-                self.checkin(connection, finished)
+            if sock:   # a connection that failed or is out of step is never lent again
+                self.checkin(sock, outcome)
 
     def checkout(self):
-        """Reuse an idle connection, else open one below the cap, else wait."""
+        """Lend an idle connection that is quiet, else open one below the cap, else wait."""
         with self._pool:
             while not (self.idle or self.open < self.pool_cap or self.closed):
                 self._pool.wait()
             if self.closed:
                 raise ConnectionAbortedError("proxy closed")
-            if self.idle:
-                return self.idle.pop()
+            while self.idle:   # each one that is not quiet is closed, freeing its slot
+                if self.quiet(sock := self.idle.pop()):
+                    return sock
             self.open += 1
         try:
-            return PooledConnection(self.connect(self.upstream_addr))
+            return self.connect(self.upstream_addr, self.reply_timeout)
         except OSError:
-            with self._pool:   # the slot we reserved is free again
-                self.open -= 1
-                self._pool.notify()
+            self.checkin(None, "discarded")   # the slot we reserved is free again
             raise
 
-    def checkin(self, connection, finished):
-        """Park a connection whose exchange finished; close one whose exchange did not."""
+    def checkin(self, sock, outcome):
+        """Park a connection whose exchange was "released"; close it if the outcome is
+        "discarded" or "dirty". The outcome names the counter it bumps."""
         with self._pool:
-            if finished:
-                self.idle.append(connection)
+            if outcome == "released":
+                self.idle.append(sock)
             else:
                 self.open -= 1
+                if sock:   # None after a connect that failed: only its slot to free
+                    self.forget(sock)
             self._pool.notify()
-        if not finished:
-            self.forget(connection.sock)
-        self.count("released" if finished else "discarded")
+        self.count(outcome)
 
-    def read_reply(self, connection):
-        """Read one reply; return it and the bytes read past its end.
+    def read_reply(self, sock, buffer=b""):
+        """Read one reply; return it and the bytes read past its end. (`buffer`, bytes
+        read earlier, is scaffolding: only demo.TrustingPool keeps any.)
 
-        The load-bearing method: whatever it returns, checkin() treats the
-        exchange as over and lends the connection to the next borrower.
+        The load-bearing method: what it returns is what the client gets, and
+        where it stops is where the pool believes the upstream has finished.
         """
-        sock, buffer = connection.sock, connection.leftover
-        if self.release == "framed":   # over when the delimiter has arrived
-            while b"\n" not in buffer:
+        buffer = bytearray(buffer)   # grows in place: reading a long reply stays linear
+        if self.release == "framed":   # over when the framing finds the reply's end
+            while (size := self.framing.reply_size(buffer)) is None:
+                if len(buffer) > self.framing.max_reply:
+                    raise OutOfStep(f"out of step: a reply longer than {self.framing.max_reply} bytes")
                 if buffer:
                     self.count("partial_replies")
                 buffer += more_of_reply(sock)
-            reply, rest = buffer.split(b"\n", 1)
-            return reply + b"\n", rest
+            return bytes(buffer[:size]), bytes(buffer[size:])
         # "timeout": over when the upstream, once it has begun, says nothing for release_timeout
         buffer += more_of_reply(sock)
         while select.select([sock], [], [], self.release_timeout)[0]:
             buffer += more_of_reply(sock)
-        return buffer, b""
+        return bytes(buffer), b""
+
+    # The checks a production pool makes before it lends a connection again: the
+    # upstream must not have said anything out of turn. demo.TrustingPool switches
+    # them off, to show what they prevent; the timeout rule has no parse to check with.
+
+    def in_step(self, request, reply, rest):
+        """After a reply: raise OutOfStep if it cannot answer request; return False if
+        bytes came after it (the reply stands, the connection is closed), else True."""
+        if self.release == "framed" and not self.framing.fits(request, reply):
+            raise OutOfStep(f"out of step: {reply[:40]!r} does not answer {request[:40]!r}")
+        return self.release == "timeout" or not rest
+
+    def quiet(self, sock):
+        """Before a loan: True if the idle connection has said nothing since its last
+        reply; else close it (bytes nobody asked for are dirty, an EOF is a hang-up)."""
+        poller = select.poll()   # not select(): that fails on descriptors above 1023
+        poller.register(sock, select.POLLIN)
+        if self.release == "timeout" or not poller.poll(0):
+            return True
+        self.checkin(sock, "dirty" if recv(sock, socket.MSG_PEEK) else "discarded")
+        return False
 
 
 # --- the layer-4 baseline ----------------------------------------------------

@@ -32,7 +32,7 @@ def rounds_against(server, client_count, requests_each, before_sending=lambda: N
 def test_exchange_rounds_answers_every_request_of_every_client():
     with Upstream() as upstream:
         measured = rounds_against(upstream, 3, requests_each=4)
-        arrived = sorted(upstream.requests)   # the order across connections is the scheduler's
+        arrived = sorted(upstream.parsed)   # the order across connections is the scheduler's
     assert arrived == sorted(f"GET k{client}n{number}" for client in range(3) for number in range(4))
     assert (measured.answered, measured.wrong, measured.unanswered) == (12, 0, 0)
     assert len(measured.latencies) == 12

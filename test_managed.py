@@ -5,6 +5,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -59,13 +60,13 @@ def test_disable_windows_double_1_2_4_to_64_then_stay_at_64_and_a_success_resets
     windows = []
     for _ in range(9):
         cache.record_error(A)
-        _, start, end, _ = cache.disables[-1]
+        _, start, end, _ = cache.windows[-1]
         windows.append(end - start)
         clock.advance(end - clock.now())   # to the first instant the port is enabled again
     assert windows == [1, 2, 4, 8, 16, 32, 64, 64, 64]
     cache.record_success(A)
     cache.record_error(A)
-    _, start, end, _ = cache.disables[-1]
+    _, start, end, _ = cache.windows[-1]
     assert end - start == 1.0
 
 
@@ -76,30 +77,30 @@ def test_threshold_counts_errors_in_a_row_and_errors_while_disabled_do_not_exten
     cache.record_error(A)
     assert cache.is_enabled(A)
     cache.record_error(A)
-    assert not cache.is_enabled(A) and len(cache.disables) == 1
+    assert not cache.is_enabled(A) and cache.disables == 1
     clock.advance(0.5)
     cache.record_error(A)   # while disabled: counted, window unchanged
-    assert cache.errors == 4 and len(cache.disables) == 1 and cache.disables[0][2] == 1.0
+    assert cache.errors == 4 and cache.disables == 1 and cache.windows[0][2] == 1.0
     clock.advance(0.4999)
     assert not cache.is_enabled(A)
     clock.advance(0.0001)
     assert cache.is_enabled(A)   # from the instant now() >= disabled_until
     cache.record_error(A)        # still at or above the threshold: one error disables again
-    assert cache.disables[-1][1:3] == (1.0, 3.0)
+    assert cache.windows[-1][1:3] == (1.0, 3.0)
 
 
 def test_policy_none_counts_errors_but_never_disables():
     cache = ReliabilityCache(clock=VirtualClock())
     for _ in range(5):
         cache.record_error(A)
-    assert cache.errors == 5 and cache.disables == [] and cache.is_enabled(A)
+    assert cache.errors == 5 and cache.disables == 0 and cache.is_enabled(A)
 
 
 def test_any_failing_port_disables_its_host_but_not_another_loopback_host():
     cache = ReliabilityCache(policy="any_failing_port_disables_host", clock=VirtualClock())
     cache.record_error(A)
     assert not cache.is_enabled(B) and cache.is_enabled(OTHER_HOST)
-    assert [key for key, *_ in cache.disables] == [A, "127.0.0.2"]
+    assert [key for key, *_ in cache.windows] == [A, "127.0.0.2"]
 
 
 def test_failing_port_disables_host_only_for_the_named_port():
@@ -164,14 +165,14 @@ def test_each_window_lasts_min_doubled_per_disable_since_the_last_success_capped
             if clock.now() >= window_end and errors >= threshold:
                 disables, opened = disables + 1, opened + 1
                 window_end = clock.now() + min(2.0 ** (disables - 1), 64.0)
-                assert cache.disables[-1][1:3] == (clock.now(), window_end)
+                assert cache.windows[-1][1:3] == (clock.now(), window_end)
         elif step == "success":
             cache.record_success(A)
             errors = disables = 0
             window_end = -1.0
         else:
             clock.advance(step)
-        assert len(cache.disables) == opened
+        assert cache.disables == opened
         assert cache.is_enabled(A) == (clock.now() >= window_end)
 
 
@@ -211,12 +212,12 @@ def test_a_lowered_disable_timeout_max_caps_a_window_that_has_already_grown():
     cache = ReliabilityCache(policy="independent", clock=clock)
     for _ in range(4):   # windows of 1, 2, 4 and 8 s: the next would last 16
         cache.record_error(A)
-        clock.advance(cache.disables[-1][2] - clock.now())
+        clock.advance(cache.windows[-1][2] - clock.now())
     cache.configure(disable_timeout_max=2.0)
     cache.record_error(A)   # the fifth window: 2 s, not 16
     clock.advance(2.0)
     cache.record_error(A)   # and the sixth stays at the new max
-    assert [end - start for _, start, end, _ in cache.disables] == [1, 2, 4, 8, 2, 2]
+    assert [end - start for _, start, end, _ in cache.windows] == [1, 2, 4, 8, 2, 2]
 
 
 def test_a_setting_derived_as_none_is_inherited_the_clock_included():
@@ -226,7 +227,7 @@ def test_a_setting_derived_as_none_is_inherited_the_clock_included():
     assert child.clock is clock and child.setting("threshold") == 2 and child.setting("policy") == "independent"
     child.record_error(A)
     child.record_error(A)
-    assert not child.is_enabled(A) and child.disables[-1][1:3] == (0.0, 3.0)
+    assert not child.is_enabled(A) and child.windows[-1][1:3] == (0.0, 3.0)
     child.configure(disable_timeout_min=None)   # inherited again
     assert child.setting("disable_timeout_min") == 1.0
 
@@ -253,10 +254,10 @@ def test_idle_eof_takes_the_client_down_without_an_error_and_the_next_call_recon
         client.wait_transitions(3)
         upstream.restart()
         assert client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
-        assert [t[:2] for t in client.transitions] == [("down", "connecting"), ("connecting", "up"),
+        assert [t[:2] for t in client.transition_log] == [("down", "connecting"), ("connecting", "up"),
                                                        ("up", "down"), ("down", "connecting"),
                                                        ("connecting", "up")]
-        assert client.transitions[2][2] == "upstream closed the idle connection"
+        assert client.transition_log[2][2] == "upstream closed the idle connection"
         assert (client.errors, client.connects, client.rcache.errors) == (0, 2, 0)
         client.shut_down()
 
@@ -276,8 +277,8 @@ def test_an_error_counts_once_per_connection_not_once_per_pending_call():
         assert [f"{n}={n}" + str(n) * 11 for n, result in enumerate(results) if result != lost] == \
             [result for result in results if result != lost]
         assert (client.errors, cache.errors, client.pending_calls) == (1, 1, 0)
-        assert client.transitions[-1] == ("up", "down", "upstream closed the connection with 2 call(s) owed")
-        assert len(upstream.requests) == 3 and client.connects == 1   # the client never retries by itself
+        assert client.transition_log[-1] == ("up", "down", "upstream closed the connection with 2 call(s) owed")
+        assert upstream.requests == 3 and client.connects == 1   # the client never retries by itself
         client.shut_down()
 
 
@@ -310,7 +311,7 @@ def test_fatal_timeout_destroys_the_connection_and_the_next_call_gets_its_own_re
         upstream.wait_held(1)   # reply 1 is the one held: no later reply takes its number
         clock.advance(1.0)
         assert first.result() == "MessageTimeout: no reply within 1.0s"
-        assert client.transitions[-1] == ("up", "down", "message timeout (fatal)")
+        assert client.transition_log[-1] == ("up", "down", "message timeout (fatal)")
         assert client.call(b"GET banana\n") == b"banana=BBBBBBBBBBBB\n"
         assert (client.connects, client.errors, client.discarded) == (2, 1, 0)
         client.shut_down()
@@ -342,7 +343,7 @@ def test_a_failed_initial_ping_fails_every_waiting_call_and_sends_no_user_reques
         assert client.state == "connecting"
         clock.advance(1.0)
         assert [call.result() for call in calls] == ["MessageTimeout: initial ping not answered within 1.0s"] * 2
-        assert upstream.requests == ["PING"] and client.errors == 1
+        assert list(upstream.parsed) == ["PING"] and client.errors == 1
         client.shut_down()
 
 
@@ -353,9 +354,9 @@ def test_on_the_real_clock_an_unanswered_initial_ping_times_out_before_its_calle
         with pytest.raises(MessageTimeout, match="initial ping not answered within 0.05s"):
             client.call(b"GET a\n")
         assert (client.state, client.errors, cache.errors) == ("down", 1, 1)
-        assert client.transitions[-1] == ("connecting", "down", "initial ping not answered in time")
+        assert client.transition_log[-1] == ("connecting", "down", "initial ping not answered in time")
         upstream.wait_requests(1)
-        assert upstream.requests == ["PING"]
+        assert list(upstream.parsed) == ["PING"]
         client.shut_down()
 
 
@@ -365,9 +366,9 @@ def test_an_initial_ping_on_a_dying_connection_raises_message_lost():
         client = ManagedClient(upstream.addr, initial_ping=True)
         with pytest.raises(MessageLost):
             client.call(b"GET a\n")
-        assert upstream.requests == ["PING"]
+        assert list(upstream.parsed) == ["PING"]
         assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"   # a new connection, a new ping
-        assert upstream.requests == ["PING", "PING", "GET a"] and client.errors == 1
+        assert list(upstream.parsed) == ["PING", "PING", "GET a"] and client.errors == 1
         client.shut_down()
 
 
@@ -377,10 +378,10 @@ def test_idle_timeout_fires_on_the_virtual_clock_with_no_call_to_notice_it():
         client = ManagedClient(upstream.addr, idle_timeout=5.0, clock=clock)
         client.call(b"GET x\n")
         clock.advance(4.9)
-        assert client.state == "up" and len(client.transitions) == 2
+        assert client.state == "up" and client.transitions == 2
         clock.advance(0.1)
         client.wait_transitions(3)
-        assert client.transitions[2] == ("up", "down", "idle for 5.0s") and client.errors == 0
+        assert client.transition_log[2] == ("up", "down", "idle for 5.0s") and client.errors == 0
         client.call(b"GET y\n")
         assert client.connects == 2
         client.shut_down()
@@ -392,7 +393,7 @@ def test_idle_timeout_zero_closes_right_after_the_last_reply_and_negative_never_
         for client in (eager, patient):
             client.call(b"GET a\n")
             client.call(b"GET b\n")
-        assert eager.connects == 2 and "idle" in eager.transitions[-1][2] and eager.state == "down"
+        assert eager.connects == 2 and "idle" in eager.transition_log[-1][2] and eager.state == "down"
         assert patient.connects == 1 and patient.state == "up"
         eager.shut_down()
         patient.shut_down()
@@ -408,7 +409,7 @@ def test_on_the_real_clock_a_message_timeout_and_an_idle_timeout_fire_by_themsel
         idle = ManagedClient(answering.addr, idle_timeout=0.05)
         idle.call(b"GET a\n")
         idle.wait_transitions(3)
-        assert idle.transitions[2] == ("up", "down", "idle for 0.05s")
+        assert idle.transition_log[2] == ("up", "down", "idle for 0.05s")
         waiting.shut_down()
         idle.shut_down()
 
@@ -422,7 +423,7 @@ def test_a_disabled_port_fails_at_once_with_service_unavailable_even_when_up():
         cache.record_error(upstream.addr)
         with pytest.raises(ServiceUnavailable):
             client.call(b"GET b\n")
-        assert client.state == "up" and upstream.requests == ["GET a"]
+        assert client.state == "up" and list(upstream.parsed) == ["GET a"]
         clock.advance(1.0)
         assert client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
         client.shut_down()
@@ -466,7 +467,7 @@ def test_shut_down_fails_a_pending_call_and_joins_every_thread():
         upstream.wait_requests(1)
         client.shut_down()
         assert call.result() == "MessageLost: client shut down"
-        assert client.transitions[-1] == ("up", "down", "shut down") and client.errors == 0
+        assert client.transition_log[-1] == ("up", "down", "shut down") and client.errors == 0
 
 
 def test_shut_down_stops_counting_an_abandoned_call_as_pending():
@@ -536,16 +537,17 @@ def test_call_retries_a_refused_connection_on_the_next_service():
 def test_call_never_retries_a_sent_request_but_idempotent_call_does_after_idempotent_wait():
     clock = VirtualClock()
     with FaultyUpstream() as upstream:
-        managed_set = ManagedSet([(upstream.addr, 1)], clock=clock, idempotent_wait=5.0)
+        managed_set = ManagedSet([(upstream.addr, 1)], clock=clock, idempotent_wait=5.0,
+                                 rcache=ReliabilityCache(clock=clock))   # Ocamlnet's default: never disables
         upstream.fail_next(1)
         with pytest.raises(MessageLost):
             managed_set.call(b"GET a\n")
-        assert (managed_set.attempts, upstream.requests) == (1, ["GET a"])
+        assert (managed_set.attempts, list(upstream.parsed)) == (1, ["GET a"])
         upstream.fail_next(1)
         call = Background(managed_set.idempotent_call, b"GET b\n")
         managed_set.wait_retries(1)
         clock.advance(4.9)
-        assert call._thread.is_alive() and upstream.requests == ["GET a", "GET b"]
+        assert call._thread.is_alive() and list(upstream.parsed) == ["GET a", "GET b"]
         clock.advance(0.1)
         assert call.result() == "b=BBBBBBBBBBBB"
         assert (managed_set.attempts, managed_set.retries) == (3, 1)
@@ -554,7 +556,7 @@ def test_call_never_retries_a_sent_request_but_idempotent_call_does_after_idempo
 
 def test_idempotent_max_counts_attempts_one_call_and_two_retries_by_default():
     with FaultyUpstream() as upstream:
-        managed_set = ManagedSet([(upstream.addr, 1)], idempotent_wait=0)
+        managed_set = ManagedSet([(upstream.addr, 1)], idempotent_wait=0, rcache=ReliabilityCache())
         upstream.fail_next(5)
         with pytest.raises(MessageLost):
             managed_set.idempotent_call(b"GET a\n")
@@ -591,12 +593,13 @@ def test_shut_down_cuts_a_retry_wait_short():
 
 def test_proxy_reuses_framed_proxys_loop_and_an_upstream_failure_is_an_err_line():
     with FaultyUpstream() as upstream:
-        with ManagedProxy([(upstream.addr, 1)], idempotent_wait=0) as proxy:
-            upstream.fail_next(1)
+        with ManagedProxy([(upstream.addr, 1)], idempotent_wait=0, rcache=ReliabilityCache()) as proxy:
+            upstream.fail_next(1)   # with no cache given, the error would disable the service for 1 s
             assert ask(proxy.addr, ["GET a", "GET b"]) == [
                 "ERR MessageLost: upstream closed the connection", "b=BBBBBBBBBBBB"]
             assert (proxy.answered, proxy.failed) == (1, 1)
-        with ManagedProxy([(upstream.addr, 1)], idempotent=True, idempotent_wait=0) as proxy:
+        with ManagedProxy([(upstream.addr, 1)], idempotent=True, idempotent_wait=0,
+                          rcache=ReliabilityCache()) as proxy:
             upstream.fail_next(1)
             assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
 
@@ -607,7 +610,7 @@ def test_proxy_pipelines_24_requests_over_one_connection_with_8_in_flight():
             clients = [Background(ask, proxy.addr, [f"GET {c}{n}" for n in range(3)]) for c in "abcdefgh"]
             replies = [client.result() for client in clients]
     assert replies == [[f"{c}{n}={c.upper() * 12}" for n in range(3)] for c in "abcdefgh"]
-    assert upstream.connections == 1 and len(upstream.requests) == 24
+    assert upstream.connections == 1 and upstream.requests == 24
 
 
 def test_upstream_restarts_on_the_same_port():
@@ -635,26 +638,34 @@ def test_a_waiting_eof_is_seen_before_sending_without_consuming_a_byte():
         assert managed.peer_has_closed(near)
 
 
+class LateToSeeEof(ManagedClient):
+    """Scaffolding: a client whose reader thread handles an EOF only once `see` is set."""
+
+    def __init__(self, *args, **options):
+        super().__init__(*args, **options)
+        self.see = threading.Event()
+
+    def _reader_finished(self, connection, problem):
+        self.see.wait(self.hook_timeout)
+        super()._reader_finished(connection, problem)
+
+
 def test_a_call_that_finds_an_eof_before_sending_reconnects_without_an_error():
     with FaultyUpstream() as upstream:
         cache = ReliabilityCache()
-        client = ManagedClient(upstream.addr, rcache=cache)
+        client = LateToSeeEof(upstream.addr, rcache=cache)
         client.call(b"GET a\n")
-        # Holding the send lock keeps the reader thread, which takes it on EOF, from
-        # noticing the EOF first: only the call's own check before sending can see it.
-        with client._send_lock:
-            old_sock = client.connection.sock
-            upstream.close()
-            give_up = time.monotonic() + 5
-            while not managed.peer_has_closed(old_sock) and time.monotonic() < give_up:
-                time.sleep(0.001)
-            upstream.restart()
-            call = Background(client.call, b"GET b\n")
-            client.wait_connects(2)   # the check found the EOF and reconnected
-        assert call.result() == "b=BBBBBBBBBBBB"
-        assert client.transitions[2] == ("up", "down", "upstream closed the idle connection")
+        old_sock = client.connection.sock
+        upstream.close()
+        give_up = time.monotonic() + 5
+        while not managed.peer_has_closed(old_sock) and time.monotonic() < give_up:
+            time.sleep(0.001)
+        upstream.restart()
+        assert client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"   # only the check before sending saw the EOF
+        client.see.set()
+        assert client.transition_log[2] == ("up", "down", "upstream closed the idle connection")
         assert (client.errors, cache.errors, client.connects) == (0, 0, 2)
-        assert upstream.requests == ["GET a", "GET b"]
+        assert list(upstream.parsed) == ["GET a", "GET b"]
         client.shut_down()
 
 
@@ -668,7 +679,7 @@ def test_an_answered_initial_ping_is_a_success_that_resets_the_cache_entry():
         upstream.wait_held(1)
         assert client.state == "up" and (cache.successes, client.replies) == (1, 0)
         cache.record_error(upstream.addr)   # one in a row again, not two: still enabled
-        assert cache.is_enabled(upstream.addr) and cache.disables == []
+        assert cache.is_enabled(upstream.addr) and cache.disables == 0
         upstream.release()
         assert call.result() == "a=AAAAAAAAAAAA"
         client.shut_down()
@@ -728,3 +739,266 @@ def test_demo_managed_prints_the_golden_transcript_three_times_over():
                              text=True, timeout=60)
         assert run.returncode == 0, run.stderr
         assert run.stdout == expected
+
+
+# --- the faults the layer exists for (issue 9): each test fails on the code before it -----
+
+def test_an_accept_and_close_upstream_costs_one_connection_one_error_and_ends_by_the_deadline():
+    with FaultyUpstream(on_connect="close") as upstream:
+        for attempt in range(1, 11):   # the EOF races the call's send and its own check: try both ways
+            cache = ReliabilityCache()
+            client = ManagedClient(upstream.addr, rcache=cache, msg_timeout=0.5)
+            started = time.monotonic()
+            with pytest.raises((CommunicationError, MessageLost), match="upstream closed the connection"):
+                client.call(b"GET a\n")
+            assert time.monotonic() - started < 0.55
+            assert (client.connects, client.errors, cache.errors, client.state) == (1, 1, 1, "down")
+            client.shut_down()
+        upstream.wait_connections(10)
+        assert upstream.connections == 10
+
+
+def test_a_64_mib_request_to_an_upstream_that_never_reads_times_out_and_so_does_the_call_behind_it():
+    clock = VirtualClock()
+    with FaultyUpstream(on_connect="deaf") as upstream:
+        client = ManagedClient(upstream.addr, msg_timeout=0.5, clock=clock)
+        big = Background(client.call, b"GET " + b"k" * (64 << 20) + b"\n")
+        client.wait_sent(1)   # the big request has the connection's write turn
+        small = Background(client.call, b"GET a\n")
+        client.wait_calls(2)
+        clock.advance(0.5)
+        assert big.result() == "MessageTimeout: request not sent within 0.5s"
+        assert small.result() in ("MessageTimeout: request not sent within 0.5s",
+                                  "MessageLost: a request not written in time closed the connection")
+        assert (client.sent, client.errors, client.state) == (1, 1, "down")
+        client.shut_down()
+
+
+def test_hooks_that_call_load_from_4_threads_x_200_calls_never_deadlock():
+    with FaultyUpstream() as upstream:
+        loads = []
+        cache = ReliabilityCache(availability=lambda addr: loads.append(managed_set.load()) or True)
+        managed_set = ManagedSet([(upstream.addr, 4)], rcache=cache,
+                                 on_event=lambda source, event: loads.append(managed_set.load()))
+        workers = [Background(lambda n=n: [managed_set.call(b"GET k%d\n" % n) for _ in range(200)])
+                   for n in range(4)]
+        assert [worker.result() for worker in workers] == [[b"k%d=KKKKKKKKKKKK\n" % n] * 200 for n in range(4)]
+        # per call: pick() and call() ask availability, the set notes the attempt; per client, 2
+        # transitions and one more ask, by the call that connected it, once it is up
+        assert managed_set.attempts == 800 and len(loads) == 800 * 3 + 3 * len(managed_set.clients[0])
+        managed_set.shut_down()
+
+
+def test_a_hook_may_call_the_client_it_hears_from_even_on_the_initial_pings_answer():
+    with FaultyUpstream() as upstream:
+        from_hook = []
+
+        def on_event(source, event):
+            if event[1:3] == ("connecting", "up") and not from_hook:
+                from_hook.append(client.call(b"GET h\n"))   # needs the reader thread the event came from
+        client = ManagedClient(upstream.addr, initial_ping=True, msg_timeout=5.0, on_event=on_event)
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n" and from_hook == [b"h=HHHHHHHHHHHH\n"]
+        client.shut_down()
+
+
+def test_a_silent_upstream_behind_a_capped_set_never_wedges_it():
+    clock = VirtualClock()
+    with FaultyUpstream(silent=True) as upstream:
+        managed_set = ManagedSet([(upstream.addr, 1)], pending_calls_max=1, msg_timeout=1.0, idle_timeout=5.0,
+                                 clock=clock)
+        for number, at in enumerate((0.0, 10.0, 100.0, 1000.0), start=1):
+            clock.advance(at - clock.now())
+            late = Background(managed_set.call, b"GET a\n")
+            managed_set.wait_picks(number)
+            client = managed_set.clients[0][0]
+            client.wait_written(number)
+            clock.advance(1.0)
+            assert late.result() == "MessageTimeout: no reply within 1.0s"
+            assert managed_set.load() == [1]   # the abandoned call, owed for one msg_timeout more
+            clock.advance(1.0)
+            client.wait_errors(number)
+            assert managed_set.load() == [0] and client.state == "down"
+        assert client.transition_log[-1] == ("up", "down", "an abandoned call's reply is overdue")
+        assert (client.errors, client.connects, managed_set.refusals) == (4, 4, 0)
+        managed_set.shut_down()
+
+
+def test_abandoned_calls_and_the_transition_log_are_bounded(monkeypatch):
+    monkeypatch.setattr(managed, "ABANDONED_MAX", 2, raising=False)
+    clock = VirtualClock()
+    with FaultyUpstream(silent=True) as upstream:
+        client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock)
+        calls = []
+        for number in (1, 2, 3):
+            calls.append(Background(client.call, b"GET a\n"))
+            client.wait_written(number)
+        clock.advance(1.0)
+        assert [call.result() for call in calls] == ["MessageTimeout: no reply within 1.0s"] * 3
+        client.wait_errors(1)
+        assert client.transition_log[-1] == ("up", "down", "more than 2 abandoned calls owed")
+        assert client.pending_calls == 0
+        client.shut_down()
+    with FaultyUpstream() as upstream:
+        client = ManagedClient(upstream.addr, idle_timeout=0)
+        for _ in range(30):
+            client.call(b"GET a\n")
+        assert client.transitions == 90 and len(client.transition_log) == managed.TRANSITIONS_KEPT == 64
+        client.shut_down()
+
+
+def test_an_extra_line_from_upstream_never_reaches_another_client():
+    with FaultyUpstream(gate=2) as upstream:   # both requests are on the one connection before any reply
+        upstream.fail_next(1, how="extra")
+        with ManagedProxy([(upstream.addr, 1)], rcache=ReliabilityCache()) as proxy:
+            clients = [Background(ask, proxy.addr, [f"GET {key}"]) for key in "ab"]
+            replies = [client.result()[0] for client in clients]
+    lost = "ERR MessageLost: upstream out of step: a reply did not fit its request"
+    assert replies in (["a=AAAAAAAAAAAA", lost], [lost, "b=BBBBBBBBBBBB"])   # whichever went first is right
+
+
+def test_a_dropped_reply_fails_both_calls_owed_and_idempotent_calls_are_retried_right():
+    with FaultyUpstream(gate=2) as upstream:
+        upstream.fail_next(1, how="skip")   # the first reply never comes; the second arrives first
+        with ManagedProxy([(upstream.addr, 1)], idempotent=True, idempotent_wait=0,
+                          rcache=ReliabilityCache()) as proxy:
+            clients = [Background(ask, proxy.addr, [f"GET {key}"]) for key in "ab"]
+            assert [client.result() for client in clients] == [["a=AAAAAAAAAAAA"], ["b=BBBBBBBBBBBB"]]
+            assert proxy.managed_set.attempts == 4 and proxy.managed_set.clients[0][0].errors == 1
+    assert sorted(upstream.parsed) == ["GET a", "GET a", "GET b", "GET b"]
+
+
+def test_a_malformed_request_after_pick_releases_the_reservation():
+    managed_set = ManagedSet([(A, 1)], pending_calls_max=1)
+    client, _ = managed_set.pick()
+    with pytest.raises(ValueError, match="one line"):
+        client.call(b"GET a")
+    assert managed_set.load() == [0]
+    assert managed_set.pick()[0] is client
+    client.release()   # a pick given back without a call
+    assert managed_set.load() == [0]
+    managed_set.shut_down()
+
+
+def test_failover_with_no_cache_given_answers_every_call_and_skips_a_dead_a_until_its_window_ends():
+    clock = VirtualClock()
+    with FaultyUpstream() as live:
+        attempts = []
+        managed_set = ManagedSet([(closed_port_addr(), 1), (live.addr, 1)], policy="failover", clock=clock,
+                                 on_event=lambda source, event: attempts.append(event[2:])
+                                 if event[0] == "attempt" else None)
+        tried = []
+        for at in (0.0, 0.5, 1.0, 2.0, 3.0):
+            clock.advance(at - clock.now())
+            attempts.clear()
+            call = Background(managed_set.call, b"GET k\n")
+            assert call.result() == "k=KKKKKKKKKKKK"
+            tried.append([index for index, _ in attempts])
+        assert tried == [[0, 1], [1], [0, 1], [1], [0, 1]]   # A's windows: 0 to 1 s, then 1 to 3 s
+        assert clock.now() == 3.0 and managed_set.retries == 3   # no retry waited: B was untried
+        assert managed_set.rcache.setting("policy") == "independent"
+        assert managed.global_rcache().setting("policy") == ReliabilityCache().setting("policy") == "none"
+        managed_set.shut_down()
+
+
+def test_a_default_proxy_in_front_of_a_dead_a_and_a_live_b_answers_at_once():
+    with FaultyUpstream() as live:
+        with ManagedProxy([(closed_port_addr(), 1), (live.addr, 1)], policy="failover") as proxy:
+            started = time.monotonic()
+            assert ask(proxy.addr, ["GET a", "GET b", "GET c"]) == [
+                "a=AAAAAAAAAAAA", "b=BBBBBBBBBBBB", "c=CCCCCCCCCCCC"]
+            assert time.monotonic() - started < 1.0 and proxy.managed_set.attempts == 4
+
+
+# --- finding 8: Ocamlnet's behaviour where it differed -----------------------------------
+
+def test_a_host_stays_disabled_until_its_last_failing_ports_window_ends():
+    clock = VirtualClock()
+    cache = ReliabilityCache(policy="any_failing_port_disables_host", clock=clock)
+    third = ("127.0.0.2", 7003)
+    cache.record_error(A)   # A and its host: 0 to 1 s
+    clock.advance(0.5)
+    cache.record_error(B)   # B: 0.5 to 1.5 s; the host ends with B's window, not its own
+    cache.record_success(A)   # recomputed from B: still disabled until 1.5
+    clock.advance(0.6)
+    assert not cache.is_enabled(third)
+    cache.record_success(third)   # no entry for that port: the host is not touched
+    assert not cache.is_enabled(third)
+    cache.record_success(B)
+    assert cache.is_enabled(third)
+    assert [(key, start, end) for key, start, end, _ in cache.windows] == [
+        (A, 0.0, 1.0), ("127.0.0.2", 0.0, 1.0), (B, 0.5, 1.5), ("127.0.0.2", 0.5, 1.5)]
+
+
+def test_after_a_fatal_timeout_the_other_calls_on_the_connection_are_lost_not_timed_out():
+    clock = VirtualClock()
+    with FaultyUpstream(hold={1}) as upstream:
+        client = ManagedClient(upstream.addr, msg_timeout=1.0, msg_timeout_is_fatal=True, clock=clock)
+        first = Background(client.call, b"GET a\n")
+        client.wait_written(1)
+        clock.advance(0.5)
+        second = Background(client.call, b"GET b\n")
+        client.wait_written(2)
+        clock.advance(0.5)
+        assert first.result() == "MessageTimeout: no reply within 1.0s"
+        assert second.result() == "MessageLost: another call's fatal message timeout closed the connection"
+        assert client.errors == 1
+        client.shut_down()
+
+
+def test_an_eof_while_only_an_abandoned_call_is_owed_is_quiet():
+    clock = VirtualClock()
+    with FaultyUpstream() as upstream:
+        cache = ReliabilityCache()
+        client = ManagedClient(upstream.addr, rcache=cache, msg_timeout=1.0, clock=clock)
+        client.call(b"GET a\n")
+        upstream.fail_next(1, how="skip")
+        late = Background(client.call, b"GET b\n")
+        upstream.wait_faults(1)
+        clock.advance(1.0)
+        assert late.result() == "MessageTimeout: no reply within 1.0s"
+        upstream.close()
+        client.wait_transitions(3)
+        assert (client.errors, cache.errors, client.pending_calls) == (0, 0, 0)
+        assert client.transition_log[2] == ("up", "down", "upstream closed the idle connection")
+        client.shut_down()
+
+
+def test_below_pending_calls_norm_the_busiest_client_is_packed_as_in_ocamlnet():
+    managed_set = ManagedSet([(A, 2)], pending_calls_norm=3)
+    picked = [managed_set.pick()[0] for _ in range(4)]   # 3 on the first, then a second client
+    first, second = managed_set.clients[0]
+    assert picked == [first, first, first, second]
+    first.reserved -= 1   # scaffolding: as if one of its calls had finished; loads 2 and 1, both below the norm
+    assert managed_set.pick()[0] is first
+    managed_set.shut_down()
+
+
+def test_a_derived_cache_asks_each_availability_hook_once():
+    asked = []
+    parent = ReliabilityCache(availability=lambda addr: asked.append("parent") or True)
+    child = parent.derive(policy="independent")
+    grandchild = child.derive(availability=lambda addr: asked.append("grandchild") or True)
+    assert child.is_enabled(A) and grandchild.is_enabled(A)
+    assert asked == ["parent", "grandchild", "parent"]
+
+
+def test_a_default_proxy_pipelines_once_its_connections_are_busy():
+    with FaultyUpstream(gate=3) as upstream:   # no reply until three requests are in
+        with ManagedProxy([(upstream.addr, 1)]) as proxy:
+            clients = [Background(ask, proxy.addr, [f"GET {key}"]) for key in "abc"]
+            assert [client.result() for client in clients] == [[f"{key}={key.upper() * 12}"] for key in "abc"]
+    assert upstream.connections == 1
+
+
+def test_difference_a_host_policy_disables_a_loopback_host_too():
+    cache = ReliabilityCache(policy="any_failing_port_disables_host", clock=VirtualClock())
+    cache.record_error(("127.0.0.1", 7001))   # Ocamlnet would exempt 127.0.0.1
+    assert not cache.is_enabled(("127.0.0.1", 7002))
+
+
+def test_difference_pick_asks_the_cache_about_every_service_before_it_chooses():
+    asked = []
+    managed_set = ManagedSet([(A, 1), (B, 1)], policy="failover",
+                             rcache=ReliabilityCache(availability=lambda addr: asked.append(addr) or True))
+    assert managed_set.pick()[1] == 0 and asked == [A, B]
+    managed_set.shut_down()
