@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: demo race managed part3 redis-server test check golden bench bench-quick bench-part3 soak clean
+.PHONY: demo race managed part3 redis-server test check golden bench bench-quick bench-tools bench-part3 soak clean
 
 demo:
 	$(PYTHON) demo.py
@@ -66,6 +66,12 @@ bench-quick:
 # Head-of-line blocking: in-order pipelining against request ids, same upstream.
 bench-part3:
 	$(PYTHON) bench_part3.py
+
+# socat and HAProxy, for the bench's comparison rows (Debian's packages; run as root).
+# bench.py runs without them and names this target in its notes.
+bench-tools:
+	apt-get update
+	apt-get install -y socat haproxy
 
 # The randomized proof at 10,000 examples instead of the suite's 200 (minutes, not seconds).
 soak: $(VENV_PYTHON)

@@ -1,26 +1,37 @@
 """bench.py: the times the demo cannot print, measured on this machine's loopback.
 
-    python3 bench.py                 every section, about two and a half minutes
-    python3 bench.py --quick         fewer and shorter repetitions, under 30 s
+    python3 bench.py                 every section, about eight minutes
+    python3 bench.py --quick         fewer and shorter repetitions, 1,000 clients only: about a minute
+    python3 bench.py --only scale    one section (or several, comma-separated)
     python3 bench.py --json FILE     also write every raw figure to FILE
     python3 bench.py --profile       also profile the proxies' threads under load
+    python3 bench.py --perf          also count the futex() calls of each alternative (perf, Linux)
 
 Map of the module, in reading order:
 
+    LeanUpstream       the line server behind every relay in the overhead section
+    UnpinnedPassthroughProxy, Uncounted..., NotifyIfWaited..., Splice...,
+    OneThreadPassthroughProxy, PinnedConnections
+                       the alternatives to PassthroughProxy's mechanism, each a
+                       change to the relay without pinning (and "pinned-passthrough":
+                       that relay with its whole process on one CPU)
     NaglePassthroughProxy, DistantUpstream, ProfiledThreads
-                       the servers the bench adds: a relay without TCP_NODELAY, an
-                       upstream whose delays overlap, and per-thread cProfile
+                       a relay without TCP_NODELAY, an upstream whose delays
+                       overlap, and per-thread cProfile
     ServiceProcess     one server (the upstream, a proxy) in a process of its own,
                        so the load generator never shares its GIL; it waits on the
-                       server's hooks on request, and on stop reports the
-                       process's peak threads, peak RSS and CPU time
-    ExternalRelay      socat or HAProxy (TCP mode) as a subprocess, when installed;
-                       its CPU time read from /proc
-    Client, exchange_rounds()
-                       the load generator: one thread, one selector, any number
-                       of clients each doing request -> reply round trips, every
-                       reply checked against answer()
-    sections           overhead, nagle, head_of_line, pipelining, scale, profile
+                       server's hooks and reports its CPU and context switches on
+                       request, and on stop its peak threads, peak RSS and CPU time
+    ExternalRelay      socat or HAProxy (TCP mode) as a subprocess, when installed
+                       (`make bench-tools`); its CPU time read from /proc
+    Client, exchange_rounds(), threaded_round_trips()
+                       the load generators: one thread and one selector for any
+                       number of clients, or a thread per client; every reply is
+                       checked against answer()
+    sections           overhead, alternatives, nagle, head_of_line, scale,
+                       pipelining (and profile); each table is printed as soon as
+                       it is measured, and a section that fails says why in one
+                       line while the others still run
     targets()          the targets set for the bench, each with the figure measured
     table(), main()    the text tables, the header, --json
 
@@ -42,6 +53,7 @@ import queue
 import resource
 import selectors
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -50,7 +62,8 @@ import tempfile
 import threading
 import time
 
-from tcp_proxy import FramedProxy, PassthroughProxy, Upstream, answer, read_lines, recv
+from tcp_proxy import (MAX_LINE, FramedProxy, LineTooLong, PassthroughProxy, Server, Upstream, answer,
+                       read_lines, recv, shutdown)
 
 try:   # the reliability layer; it joins the bench when it imports
     import managed
@@ -62,8 +75,11 @@ POOL_CAPS = (1, 8, 64)             # overhead: FramedProxy's caps
 REPLY_DELAY = 0.020                # head-of-line: D, the upstream's delay per reply
 HEAD_OF_LINE_CLIENTS = 8           # head-of-line: N
 HEAD_OF_LINE_CAPS = (1, 2, 4, 8)   # head-of-line: C
-SCALE_CLIENTS = 1000
+THREADED_CLIENTS = 8               # overhead: the row also measured with a thread per client
+ALTERNATIVE_CLIENTS = (1, 8, 64)   # alternatives: clients at once
+SCALE_CLIENTS = (1000, 5000)       # scale: clients at once (--quick: the first only)
 SCALE_POOL_CAP = 8
+SCALE_ACCEPT_TIMEOUT = 60.0        # seconds the proxy may take to accept every client
 START_TIMEOUT = 10.0               # seconds a server process may take to listen
 REPLY_GRACE = 10.0                 # seconds past its deadline a round may wait for replies
 PROCESSES = multiprocessing.get_context("spawn")   # a clean child: its RSS is its own
@@ -76,12 +92,130 @@ def progress(message):
 def raise_open_file_limit():
     """1,000 clients need more descriptors than a default soft limit of 1,024."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 4 * SCALE_CLIENTS + 64
+    wanted = 3 * max(SCALE_CLIENTS) + 64
     if soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
 
 
 # --- the servers, each in a process of its own ----------------------------------
+
+class LeanUpstream(Server):
+    """The line server behind every relay in the overhead section: answer() and
+    nothing else per request (no hooks, no request log, no writer thread), one
+    thread per connection. Upstream costs about four times as much CPU per
+    request, enough to become the bottleneck and hide what a relay costs."""
+
+    def handle(self, conn):
+        buffer = b""
+        while data := recv(conn):
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            if len(buffer) > MAX_LINE:
+                raise LineTooLong(f"line longer than {MAX_LINE} bytes")
+            conn.sendall(b"".join(map(answer, lines)))
+
+
+# The alternatives to PassthroughProxy's mechanism, measured side by side by the
+# alternatives section; scaffolding for the bench, none of them is the lesson.
+
+class UnpinnedPassthroughProxy(PassthroughProxy):
+    """PassthroughProxy's handle() without pinning its threads to one CPU: the
+    relay the other alternatives each change in one way."""
+
+    def handle(self, client):
+        upstream = self.connect(self.upstream_addr)
+        back = self.spawn(self._one_way, upstream, client, "returned")
+        self._one_way(client, upstream, "forwarded")
+        back.join()
+        self.forget(upstream)
+
+
+class UncountedPassthroughProxy(UnpinnedPassthroughProxy):
+    """No counting at all in the pumps (its hooks no longer work): the floor
+    that counting can be brought down to."""
+
+    def count(self, name, amount=1):
+        if name not in ("forwarded", "returned"):
+            super().count(name, amount)
+
+
+class NotifyIfWaitedPassthroughProxy(UnpinnedPassthroughProxy):
+    """A fast path for Hooks.count(): the condition is still taken for every
+    chunk, but notify_all() is skipped when nobody waits."""
+
+    def count(self, name, amount=1):
+        with self._changed:
+            setattr(self, name, getattr(self, name) + amount)
+            if self._changed._waiters:
+                self._changed.notify_all()
+
+
+class PinnedConnections:
+    """Mixin: each connection's threads pinned to the first CPU this process may
+    use (the accept loop stays free). One CPU is all that threads taking turns
+    at the GIL can use at once for bytecode, and on one CPU a GIL hand-off is a
+    switch between threads rather than a wake-up sent to the other core."""
+
+    def handle(self, conn):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})   # a thread it spawns inherits it
+        super().handle(conn)
+
+
+class SplicePassthroughProxy(UnpinnedPassthroughProxy):
+    """os.splice(): the kernel moves each chunk from the source socket into a
+    pipe and from the pipe into the sink; the bytes never enter Python."""
+
+    def pump(self, source, deliver, counter):
+        sink = deliver.__self__   # _one_way passes sink.sendall
+        read_end, write_end = os.pipe()
+        moved_in_all = 0
+        try:
+            with contextlib.suppress(OSError):
+                while moved := os.splice(source.fileno(), write_end, 65536):
+                    moved_in_all += moved
+                    while moved:
+                        moved -= os.splice(read_end, sink.fileno(), moved)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+        self.count(counter, moved_in_all)
+
+
+class OneThreadPassthroughProxy(UnpinnedPassthroughProxy):
+    """One selector thread moves every byte of every connection, so no GIL
+    hand-off happens between relays; but its sendall() blocks them all while
+    one client does not read. A connection's handler only waits for its end."""
+
+    def __init__(self, upstream_addr):
+        super().__init__(upstream_addr)
+        self._selector = selectors.DefaultSelector()
+        self.spawn(self._move_every_byte)
+
+    def handle(self, client):
+        upstream = self.connect(self.upstream_addr)
+        ended = threading.Event()
+        self._selector.register(upstream, selectors.EVENT_READ, (client, ended))
+        self._selector.register(client, selectors.EVENT_READ, (upstream, ended))
+        while not (ended.wait(0.1) or self.closed):
+            pass
+        self.forget(upstream)
+
+    def _move_every_byte(self):
+        while not self.closed:
+            for key, _ in self._selector.select(timeout=0.1):
+                sink, ended = key.data
+                data = recv(key.fileobj)
+                with contextlib.suppress(OSError):
+                    if data:
+                        sink.sendall(data)
+                        continue
+                for sock in (key.fileobj, sink):   # either side's EOF ends the relay
+                    with contextlib.suppress(KeyError):
+                        self._selector.unregister(sock)
+                    shutdown(sock)
+                ended.set()
+        self._selector.close()
+
 
 class NaglePassthroughProxy(PassthroughProxy):
     """PassthroughProxy with Nagle's algorithm left on: what the relay would be
@@ -149,16 +283,24 @@ def build_server(kind, upstream_addr, options):
     """The server a child process runs. kind: upstream, distant-upstream,
     passthrough, nagle-passthrough, framed or managed."""
     classes = {
-        "upstream": Upstream, "distant-upstream": DistantUpstream, "passthrough": PassthroughProxy,
+        "upstream": Upstream, "lean-upstream": LeanUpstream, "distant-upstream": DistantUpstream,
+        "passthrough": PassthroughProxy, "unpinned-passthrough": UnpinnedPassthroughProxy,
+        "pinned-passthrough": UnpinnedPassthroughProxy,
+        "uncounted-passthrough": UncountedPassthroughProxy, "splice-passthrough": SplicePassthroughProxy,
+        "one-thread-passthrough": OneThreadPassthroughProxy, "notify-passthrough": NotifyIfWaitedPassthroughProxy,
         "nagle-passthrough": NaglePassthroughProxy, "framed": FramedProxy,
         "managed": managed and managed.ManagedProxy,
     }
     server_class = classes[kind]
     if options.get("profile"):
         server_class = type("Profiled" + server_class.__name__, (ProfiledThreads, server_class), {})
+    if options.get("pinned"):
+        server_class = type("Pinned" + server_class.__name__, (PinnedConnections, server_class), {})
     if kind == "upstream":
         delay = options.get("reply_delay")
         return server_class(pause=(lambda number: time.sleep(delay)) if delay else None)
+    if kind == "lean-upstream":
+        return server_class()
     if kind == "distant-upstream":
         return server_class(options["reply_delay"])
     if kind == "framed":
@@ -193,16 +335,30 @@ class PeakThreads:
         return self.peak
 
 
+def usage_of_this_process():
+    """CPU seconds (user, system) and context switches (a thread that blocked:
+    voluntary; one the kernel took the core from: involuntary) of every thread
+    of this process so far, dead ones included."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"user": usage.ru_utime, "system": usage.ru_stime,
+            "voluntary": usage.ru_nvcsw, "involuntary": usage.ru_nivcsw}
+
+
 def serve_in_child(kind, upstream_addr, options, pipe):
     """A child process's whole life: serve, report the address, answer
     ("wait", counter, n, timeout) messages until "stop", then send back what the process used."""
     raise_open_file_limit()
+    if kind.startswith("pinned-"):   # every thread inherits the affinity of the one that starts it
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     server = build_server(kind, upstream_addr, options)
     threads = PeakThreads()
     at_start = resource.getrusage(resource.RUSAGE_SELF)   # the CPU of starting up is not the server's
     pipe.send(server.addr)
     with contextlib.suppress(EOFError):   # the parent died: stop all the same
         while (message := pipe.recv()) != "stop":
+            if message == "usage":
+                pipe.send(usage_of_this_process())
+                continue
             _, counter, level, timeout = message
             try:
                 getattr(server, f"wait_{counter}")(level, timeout=timeout)
@@ -261,6 +417,13 @@ class ServiceProcess(Running):
         if failure:
             raise TimeoutError(f"{self.kind}: {failure}")
 
+    def usage(self):
+        """The server process's usage_of_this_process(), asked for through the pipe."""
+        self.pipe.send("usage")
+        if not self.pipe.poll(START_TIMEOUT):
+            raise TimeoutError(f"{self.kind}: no answer to a usage request")
+        return self.pipe.recv()
+
     def stop(self):
         if self.report is not None or not self.process.is_alive():
             return self.report
@@ -283,7 +446,7 @@ def free_port():
 
 HAPROXY_CONFIG = """\
 global
-    maxconn 4096
+    maxconn 6000
 defaults
     mode tcp
     timeout connect 5s
@@ -353,6 +516,19 @@ class ExternalRelay(Running):
                 return
             time.sleep(0.01)
 
+    def usage(self):
+        """CPU seconds as ServiceProcess.usage() gives them, once every per-connection
+        child has ended and been reaped; context switches are not counted (None)."""
+        self._wait_for_children()
+        user, system = self.cpu_seconds()
+        return {"user": user, "system": system, "voluntary": None, "involuntary": None}
+
+    def memory_and_threads(self):
+        """(peak RSS in MB, threads now) of the tool's own process, from /proc."""
+        with open(f"/proc/{self.process.pid}/status", encoding="ascii") as status:
+            fields = dict(line.split(":", 1) for line in status)
+        return int(fields["VmHWM"].split()[0]) / 1024, int(fields["Threads"])
+
     def stop(self):
         if self.report is None and self.process.poll() is None and self.cpu_at_start:
             self._wait_for_children()
@@ -396,8 +572,19 @@ class Client:
         self.sock.close()
 
 
-def connect_clients(addr, count):
-    return [Client(number, addr) for number in range(count)]
+def connect_clients(addr, count, failures=None):
+    """count connected Clients; with a failures list, a connect that fails is
+    noted there (the error's text) instead of raising."""
+    clients = []
+    for number in range(count):
+        try:
+            clients.append(Client(number, addr))
+        except OSError as error:
+            if failures is None:
+                close_clients(clients)
+                raise
+            failures.append(str(error))
+    return clients
 
 
 def close_clients(clients):
@@ -474,6 +661,54 @@ def exchange_rounds(clients, requests_each, seconds=None):
     return measured
 
 
+def threaded_round_trips(addr, client_count, seconds):
+    """The other load generator: a thread per client, each with a blocking socket
+    doing request -> reply round trips for `seconds` (after one untimed warm-up
+    round trip); the figures of all of them in one Round."""
+    clients = connect_clients(addr, client_count)
+    measured = Round()
+    lock = threading.Lock()
+
+    def run(client):
+        reader = client.sock.makefile("rb")
+        latencies, answered, wrong = [], 0, 0
+        try:
+            client.send_request()
+            reader.readline()
+            start.wait()
+            while time.perf_counter() < deadline:
+                client.send_request()
+                reply = reader.readline()
+                latencies.append(time.perf_counter() - client.sent_at)
+                if reply == answer(client.request[:-1]):
+                    answered += 1
+                else:
+                    wrong += 1
+        except OSError:
+            pass
+        finally:
+            reader.close()
+            with lock:
+                measured.latencies.extend(latencies)
+                measured.answered += answered
+                measured.wrong += wrong
+
+    start = threading.Event()
+    threads = [threading.Thread(target=run, args=(client,)) for client in clients]
+    try:
+        for thread in threads:
+            thread.start()
+        measured.started = time.perf_counter()
+        deadline = measured.started + seconds
+        start.set()
+        for thread in threads:
+            thread.join(seconds + REPLY_GRACE)
+        measured.finished = time.perf_counter()
+    finally:
+        close_clients(clients)
+    return measured
+
+
 def throughput(addr, client_count, seconds):
     """Connect, warm every connection with one round trip, then measure."""
     clients = connect_clients(addr, client_count)
@@ -490,61 +725,155 @@ def spread(values):
     return {"median": statistics.median(values), "low": min(values), "high": max(values)}
 
 
-def start_relays(upstream_addr, notes):
-    """Name -> a running server, for every relay the overhead section compares."""
-    relays = {"PassthroughProxy": ServiceProcess("passthrough", upstream_addr)}
+def ratio(mine, theirs):
+    return mine / theirs if theirs else math.nan
+
+
+LOAD_GENERATORS = {"selector": throughput, "threads": threaded_round_trips}
+
+
+class FutexCalls:
+    """The futex() system calls a process makes while the block runs, counted by
+    `perf stat` (a GIL hand-off that waits is one); .count stays None without perf."""
+
+    def __init__(self, pid):
+        self.pid, self.count, self.perf = pid, None, None
+
+    def __enter__(self):
+        self.perf = subprocess.Popen(["perf", "stat", "-x,", "-e", "syscalls:sys_enter_futex", "-p", str(self.pid)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.2)   # perf attaches to the process's threads
+        return self
+
+    def __exit__(self, *exc_info):
+        self.perf.send_signal(signal.SIGINT)
+        report = self.perf.communicate(timeout=START_TIMEOUT)[1]
+        counts = [int(line.split(",")[0]) for line in report.splitlines() if line[:1].isdigit()]
+        self.count = counts[0] if counts else None
+
+
+def measured_with_usage(load, addr, client_count, seconds, processes, count_futexes=False):
+    """One measurement with the load generator named by `load`; the Round, and
+    for each process its CPU microseconds (user, system) and context switches
+    per answered request while it ran (and the last process's futex calls)."""
+    before = [process.usage() for process in processes]
+    with FutexCalls(processes[-1].process.pid) if count_futexes else contextlib.nullcontext() as futexes:
+        measured = LOAD_GENERATORS[load](addr, client_count, seconds)
+    after = [process.usage() for process in processes]
+    answered = max(measured.answered, 1)
+    per_request = []
+    for start, end in zip(before, after):
+        user, system = end["user"] - start["user"], end["system"] - start["system"]
+        switches = None if end["voluntary"] is None else (
+            end["voluntary"] + end["involuntary"] - start["voluntary"] - start["involuntary"]) / answered
+        per_request.append({"cpu_us": (user + system) / answered * 1e6, "user_us": user / answered * 1e6,
+                            "system_us": system / answered * 1e6, "switches": switches})
+    per_request[-1]["futexes"] = futexes.count / answered if futexes and futexes.count is not None else None
+    return measured, per_request
+
+
+def start_relays(upstream_addr, notes, stack):
+    """Name -> a running server, for every relay the overhead section compares;
+    each entered on stack, so whatever started is stopped if a later one fails."""
+    relays = {"PassthroughProxy": stack.enter_context(ServiceProcess("passthrough", upstream_addr))}
     for cap in POOL_CAPS:
-        relays[f"FramedProxy cap {cap}"] = ServiceProcess("framed", upstream_addr, pool_cap=cap)
-    if managed:
-        relays["ManagedProxy 8 conns"] = ServiceProcess("managed", upstream_addr, connections=8)
-    else:
-        notes.append("ManagedProxy: skipped, managed.py does not import")
+        relays[f"FramedProxy cap {cap}"] = stack.enter_context(
+            ServiceProcess("framed", upstream_addr, pool_cap=cap))
     for tool in ExternalRelay.TOOLS:
         if shutil.which(tool):
-            relays[tool] = ExternalRelay(tool, upstream_addr)
+            relays[tool] = stack.enter_context(ExternalRelay(tool, upstream_addr))
         else:
-            notes.append(f"{tool}: skipped, not installed")
+            notes.append(f"{tool}: skipped, not installed (`make bench-tools` installs socat and haproxy)")
     return relays
 
 
-def overhead(repetitions, seconds):
-    """Requests/s and round-trip percentiles per relay, as ratios to a direct
-    connection measured in the same repetition."""
-    notes, samples = [], {}
-    with contextlib.ExitStack() as stack:
-        upstream = stack.enter_context(ServiceProcess("upstream"))
-        relays = {name: stack.enter_context(server)
-                  for name, server in start_relays(upstream.addr, notes).items()}
-        addresses = {"direct": upstream.addr, **{name: server.addr for name, server in relays.items()}}
-        for repetition in range(repetitions):
-            for client_count in CLIENT_COUNTS:
-                progress(f"overhead: repetition {repetition + 1}/{repetitions}, {client_count} clients")
-                direct = throughput(upstream.addr, client_count, seconds)
-                names = list(relays)
-                turn = repetition % len(names)   # each relay in turn measured first after direct
+def compare_relays(relays, upstream, client_counts, repetitions, seconds, loads=lambda client_count: ["selector"],
+                   count_futexes=False):
+    """Every relay (and a direct connection) measured in turn, repetition by
+    repetition; each row's ratios to direct and to socat come from the same
+    repetition, and each relay in turn is measured first after direct."""
+    samples = {}   # (relay, clients, load) -> one dict per repetition
+    names = list(relays)
+    for repetition in range(repetitions):
+        for client_count in client_counts:
+            for load in loads(client_count):
+                progress(f"repetition {repetition + 1}/{repetitions}, {client_count} clients, {load} load")
+                turn = repetition % len(names)
                 for name in ["direct"] + names[turn:] + names[:turn]:
-                    measured = direct if name == "direct" else throughput(addresses[name], client_count, seconds)
-                    samples.setdefault((name, client_count), []).append({
-                        "rate": measured.rate, "ratio": measured.rate / direct.rate,
+                    relay = relays.get(name)
+                    processes = [upstream] + ([relay] if relay else [])
+                    measured, usage = measured_with_usage(
+                        load, relay.addr if relay else upstream.addr, client_count, seconds, processes,
+                        count_futexes and isinstance(relay, ServiceProcess))
+                    samples.setdefault((name, client_count, load), []).append({
+                        "rate": measured.rate, "answered": measured.answered,
                         "p50_us": measured.percentile(0.50) * 1e6, "p99_us": measured.percentile(0.99) * 1e6,
-                        "wrong": measured.wrong, "unanswered": measured.unanswered,
-                        "answered": measured.answered})
-        reports = {name: server.stop() for name, server in relays.items()}
-    rows = [{"relay": name, "clients": client_count, "runs": runs,
-             "rate": spread([run["rate"] for run in runs]),
-             "ratio": spread([run["ratio"] for run in runs]),
-             "p50_us": statistics.median(run["p50_us"] for run in runs),
-             "p99_us": statistics.median(run["p99_us"] for run in runs),
-             "wrong": sum(run["wrong"] + run["unanswered"] for run in runs)}
-            for (name, client_count), runs in samples.items()]
-    cpu = []
-    for name, report in reports.items():
-        served = sum(run["answered"] for (relay, _), runs in samples.items() if relay == name for run in runs)
-        if report and served:
-            cpu.append({"relay": name, "requests": served,
-                        "user_us": report["user_seconds"] / served * 1e6,
-                        "system_us": report["system_seconds"] / served * 1e6})
-    return {"rows": rows, "cpu": cpu, "notes": notes, "repetitions": repetitions, "seconds_each": seconds}
+                        "wrong": measured.wrong + measured.unanswered,
+                        "upstream_cpu_us": usage[0]["cpu_us"],
+                        "relay": usage[1] if relay else None})
+    rows = []
+    for (name, client_count, load), runs in samples.items():
+        direct = samples[("direct", client_count, load)]
+        socat = samples.get(("socat", client_count, load))
+        relay_usage = [run["relay"] for run in runs if run["relay"]]
+        switches = [usage["switches"] for usage in relay_usage if usage["switches"] is not None]
+        futexes = [usage["futexes"] for usage in relay_usage if usage.get("futexes") is not None]
+        rows.append({
+            "relay": name, "clients": client_count, "load": load, "runs": runs,
+            "rate": spread([run["rate"] for run in runs]),
+            "x_direct": spread([ratio(run["rate"], other["rate"]) for run, other in zip(runs, direct)]),
+            "x_socat": socat and spread([ratio(run["rate"], other["rate"]) for run, other in zip(runs, socat)]),
+            "p50_us": statistics.median(run["p50_us"] for run in runs),
+            "p99_us": statistics.median(run["p99_us"] for run in runs),
+            "upstream_cpu_us": statistics.median(run["upstream_cpu_us"] for run in runs),
+            "relay_cpu_us": relay_usage and statistics.median(usage["cpu_us"] for usage in relay_usage),
+            "relay_user_us": relay_usage and statistics.median(usage["user_us"] for usage in relay_usage),
+            "relay_system_us": relay_usage and statistics.median(usage["system_us"] for usage in relay_usage),
+            "switches": switches and statistics.median(switches),
+            "futexes": futexes and statistics.median(futexes),
+            "wrong": sum(run["wrong"] for run in runs)})
+    return rows
+
+
+def overhead(repetitions, seconds, notes):
+    """Round trips through each relay to the lean upstream, at 1, 8 and 64
+    clients; the 8-client row also with a thread per client."""
+    with contextlib.ExitStack() as stack:
+        upstream = stack.enter_context(ServiceProcess("lean-upstream"))
+        relays = start_relays(upstream.addr, notes, stack)
+        rows = compare_relays(relays, upstream, CLIENT_COUNTS, repetitions, seconds,
+                              loads=lambda count: ["selector", "threads"] if count == THREADED_CLIENTS else ["selector"])
+    return {"rows": rows, "repetitions": repetitions, "seconds_each": seconds}
+
+
+ALTERNATIVES = (("PassthroughProxy as it is", "passthrough", {}),
+                ("threads not pinned", "unpinned-passthrough", {}),
+                ("not pinned, no counting in the pumps", "uncounted-passthrough", {}),
+                ("not pinned, count() without notify_all()", "notify-passthrough", {}),
+                ("whole process pinned to one CPU", "pinned-passthrough", {}),
+                ("connection threads pinned to one CPU", "unpinned-passthrough", {"pinned": True}),
+                ("os.splice() through a pipe", "splice-passthrough", {}),
+                ("one selector thread for all bytes", "one-thread-passthrough", {}),
+                (f"FramedProxy cap {SCALE_POOL_CAP} as it is", "framed", {"pool_cap": SCALE_POOL_CAP}),
+                (f"FramedProxy cap {SCALE_POOL_CAP}, connection threads pinned", "framed",
+                 {"pool_cap": SCALE_POOL_CAP, "pinned": True}))
+
+
+def alternatives(repetitions, seconds, client_counts, notes, count_futexes=False):
+    """PassthroughProxy's mechanism against the alternatives to it, in one run
+    (and FramedProxy cap 8 with and without its connection threads pinned):
+    requests/s, CPU per request split into user and system time, and the
+    context switches that are the GIL's hand-offs (and every blocking recv)."""
+    with contextlib.ExitStack() as stack:
+        upstream = stack.enter_context(ServiceProcess("lean-upstream"))
+        relays = {label: stack.enter_context(ServiceProcess(kind, upstream.addr, **options))
+                  for label, kind, options in ALTERNATIVES}
+        if shutil.which("socat"):
+            relays["socat"] = stack.enter_context(ExternalRelay("socat", upstream.addr))
+        else:
+            notes.append("socat: skipped, not installed (`make bench-tools`)")
+        rows = compare_relays(relays, upstream, client_counts, repetitions, seconds, count_futexes=count_futexes)
+    return {"rows": rows, "repetitions": repetitions, "seconds_each": seconds}
 
 
 def split_request_round_trips(addr, count, gap):
@@ -572,7 +901,7 @@ def split_request_round_trips(addr, count, gap):
 def nagle(count, gap=0.002):
     """A request written in two parts through the relay, with and without TCP_NODELAY."""
     rows = []
-    with ServiceProcess("upstream") as upstream:
+    with ServiceProcess("lean-upstream") as upstream:
         for label, kind in (("PassthroughProxy, TCP_NODELAY on", "passthrough"),
                             ("PassthroughProxy, Nagle left on", "nagle-passthrough")):
             with ServiceProcess(kind, upstream.addr) as relay:
@@ -619,13 +948,14 @@ def head_of_line(repetitions):
     return {"rows": rows, "reply_delay_ms": REPLY_DELAY * 1e3, "repetitions": repetitions}
 
 
-def pipelining(repetitions):
+def pipelining(repetitions, notes):
     """HEAD_OF_LINE_CLIENTS clients over one upstream connection, pipelined
-    (ManagedProxy) or one request at a time (FramedProxy cap 1), with a pool of 8
-    for comparison; against a slow upstream (D of service per reply, which queues)
-    and a distant one (D of latency per reply, which overlaps)."""
+    (ManagedProxy, Part two) or one request at a time (FramedProxy cap 1), with a
+    pool of 8 for comparison; against a slow upstream (D of service per reply,
+    which queues) and a distant one (D of latency per reply, which overlaps)."""
     if not managed:
-        return {"rows": [], "notes": ["pipelining: skipped, managed.py does not import"]}
+        notes.append("pipelining: skipped, managed.py does not import")
+        return {"rows": [], "reply_delay_ms": REPLY_DELAY * 1e3, "repetitions": repetitions}
     upstreams = (("slow", "upstream"), ("distant", "distant-upstream"))
     relays = (("FramedProxy cap 1", "framed", {"pool_cap": 1}),
               ("ManagedProxy, 1 conn, pipelined", "managed", {"connections": 1}),
@@ -636,40 +966,74 @@ def pipelining(repetitions):
             for label, kind, options in relays:
                 rows.append({"upstream": upstream_label, "relay": label,
                              **bursts_through(kind, upstream.addr, repetitions, **options)})
-    return {"rows": rows, "notes": [], "reply_delay_ms": REPLY_DELAY * 1e3, "repetitions": repetitions}
+    return {"rows": rows, "reply_delay_ms": REPLY_DELAY * 1e3, "repetitions": repetitions}
 
 
-def scale():
-    """SCALE_CLIENTS clients connected at once, one request each, through
-    FramedProxy cap 8 (the target) and PassthroughProxy (two threads a client)."""
+def scale_row(label, relay, upstream, client_count, upstream_connections):
+    """client_count clients connect at once to relay, then each sends one request;
+    the requests go out once the relay has accepted every client and the
+    upstream has accepted upstream_connections(clients connected)."""
+    failures = []
+    with relay:
+        started = time.perf_counter()
+        clients = connect_clients(relay.addr, client_count, failures)
+        connected_seconds = time.perf_counter() - started
+        try:
+            if isinstance(relay, ServiceProcess):   # connect() returns once the kernel queued it
+                relay.wait_for("connections", len(clients), timeout=SCALE_ACCEPT_TIMEOUT)
+            upstream.wait_for("connections", upstream_connections(len(clients)), timeout=SCALE_ACCEPT_TIMEOUT)
+            accepted_seconds = time.perf_counter() - started
+            measured = exchange_rounds(clients, 1)
+            memory_and_threads = None if isinstance(relay, ServiceProcess) else relay.memory_and_threads()
+        finally:
+            close_clients(clients)
+    if memory_and_threads:
+        peak_rss_mb, peak_threads = memory_and_threads
+    else:
+        peak_rss_mb, peak_threads = relay.report["peak_rss_mb"], relay.report["peak_threads"]
+    return {"relay": label, "clients": client_count, "answered": measured.answered, "wrong": measured.wrong,
+            "lost": len(failures) + measured.unanswered, "connected_ms": connected_seconds * 1e3,
+            "accepted_ms": accepted_seconds * 1e3, "p50_ms": measured.percentile(0.50) * 1e3,
+            "p99_ms": measured.percentile(0.99) * 1e3, "peak_threads": peak_threads,
+            "peak_rss_mb": peak_rss_mb, "failures": failures[:3]}
+
+
+def scale(client_counts, notes):
+    """Many clients connected at once, one request each, through PassthroughProxy
+    (two threads a client), FramedProxy cap 8 (one thread a client, 8 upstream
+    connections) and HAProxy when installed; a row that cannot finish says why."""
+    def one_each(clients):   # a relay that opens an upstream connection per client, at once
+        return clients
+
+    def none_yet(clients):   # the pool opens its connections when the first requests come
+        return 0
+
+    relays = [("PassthroughProxy", lambda addr: ServiceProcess("passthrough", addr), one_each),
+              (f"FramedProxy cap {SCALE_POOL_CAP}",
+               lambda addr: ServiceProcess("framed", addr, pool_cap=SCALE_POOL_CAP), none_yet)]
+    if shutil.which("haproxy"):
+        relays.append(("haproxy", lambda addr: ExternalRelay("haproxy", addr), one_each))
+    else:
+        notes.append("haproxy: skipped, not installed (`make bench-tools` installs socat and haproxy)")
     rows = []
-    with ServiceProcess("upstream") as upstream:
-        for label, kind, options in ((f"FramedProxy cap {SCALE_POOL_CAP}", "framed", {"pool_cap": SCALE_POOL_CAP}),
-                                     ("PassthroughProxy", "passthrough", {})):
-            with ServiceProcess(kind, upstream.addr, **options) as proxy:
-                connect_started = time.perf_counter()
-                clients = connect_clients(proxy.addr, SCALE_CLIENTS)
-                connect_seconds = time.perf_counter() - connect_started
-                try:   # connect() returns once the kernel queued it; the proxy accepts later
-                    proxy.wait_for("connections", SCALE_CLIENTS)
-                    accept_seconds = time.perf_counter() - connect_started
-                    measured = exchange_rounds(clients, 1)
-                finally:
-                    close_clients(clients)
-            rows.append({"relay": label, "answered": measured.answered, "wrong": measured.wrong,
-                         "unanswered": measured.unanswered, "connected_ms": connect_seconds * 1e3,
-                         "accepted_ms": accept_seconds * 1e3,
-                         "burst_ms": measured.seconds * 1e3, "p50_ms": measured.percentile(0.50) * 1e3,
-                         "p99_ms": measured.percentile(0.99) * 1e3, **proxy.report})
-    return {"clients": SCALE_CLIENTS, "rows": rows}
+    for client_count in client_counts:
+        for label, start, upstream_connections in relays:
+            progress(f"scale: {client_count} clients through {label}")
+            try:
+                with ServiceProcess("lean-upstream") as upstream:
+                    rows.append(scale_row(label, start(upstream.addr), upstream, client_count,
+                                          upstream_connections))
+            except (OSError, RuntimeError, TimeoutError) as error:
+                notes.append(f"scale, {label}, {client_count} clients: could not finish: {one_line(error)}")
+    return {"rows": rows}
 
 
 def profile(seconds):
-    """Where a proxy's CPU time goes, in the two cases the targets are closest in:
-    every thread profiled, merged, the top functions by their own time."""
+    """Where a proxy's CPU time goes: every thread profiled, merged, the top
+    functions by their own time."""
     reports = {}
-    with ServiceProcess("upstream") as upstream:
-        for label, kind, client_count, options in (("PassthroughProxy", "passthrough", 1, {}),
+    with ServiceProcess("lean-upstream") as upstream:
+        for label, kind, client_count, options in (("PassthroughProxy", "passthrough", 8, {}),
                                                    ("FramedProxy cap 8", "framed", 8, {"pool_cap": 8})):
             with ServiceProcess(kind, upstream.addr, profile=True, **options) as proxy:
                 measured = throughput(proxy.addr, client_count, seconds)
@@ -681,34 +1045,34 @@ def profile(seconds):
 # --- the targets set for the bench ----------------------------------------------------
 
 def targets(results):
-    """Each target with the figure measured and whether it was reached."""
+    """Each target with the figure measured and whether it was reached, for the
+    sections that finished."""
     found = []
-    rows = {(row["relay"], row["clients"]): row for row in results["overhead"]["rows"]}
-
-    def ratios(name, other, client_count):
-        """name's rate / other's rate in each repetition: both from the same one."""
-        mine, theirs = rows[(name, client_count)]["runs"], rows[(other, client_count)]["runs"]
-        return spread([a["rate"] / b["rate"] for a, b in zip(mine, theirs)])
-
-    comparisons = [("PassthroughProxy", "socat", client_count, 0.9) for client_count in (1, 8)]
-    comparisons += [(f"FramedProxy cap {cap}", "PassthroughProxy", client_count, 0.75)
-                    for cap in POOL_CAPS for client_count in CLIENT_COUNTS if client_count <= min(cap, 8)]
-    for name, other, client_count, least in comparisons:
-        if (name, client_count) in rows and (other, client_count) in rows:   # socat may be absent
-            figures = ratios(name, other, client_count)
-            found.append((f"{name} >= {least}x {other}, {client_count} client(s)",
-                          f"{figures['median']:.2f}x ({low_high(figures, '{:.2f}')})",
-                          figures["median"] >= least))
-    for row in results["head_of_line"]["rows"]:
+    rows = {(row["relay"], row["clients"], row["load"]): row
+            for row in (results.get("overhead") or {}).get("rows", [])}
+    comparisons = [("PassthroughProxy", "socat", client_count, "selector", 0.9) for client_count in CLIENT_COUNTS]
+    comparisons.append(("PassthroughProxy", "socat", THREADED_CLIENTS, "threads", 0.9))
+    comparisons += [(f"FramedProxy cap {SCALE_POOL_CAP}", "PassthroughProxy", THREADED_CLIENTS, load, 0.75)
+                    for load in ("selector", "threads")]
+    for name, other, client_count, load, least in comparisons:
+        if (name, client_count, load) not in rows or (other, client_count, load) not in rows:
+            continue   # socat may be absent
+        mine, theirs = rows[(name, client_count, load)]["runs"], rows[(other, client_count, load)]["runs"]
+        figures = spread([ratio(a["rate"], b["rate"]) for a, b in zip(mine, theirs)])
+        found.append((f"{name} >= {least}x {other}, {client_count} client(s), {load} load",
+                      f"{figures['median']:.2f}x ({low_high(figures, '{:.2f}')})", figures["median"] >= least))
+    for row in (results.get("head_of_line") or {}).get("rows", []):
         found.append((f"head-of-line cap {row['pool_cap']} within max(3 ms, 10%) of "
                       f"{row['predicted_ms']:.0f} ms", f"{row['wall_ms']['median']:.1f} ms",
                       row["within_target"]))
-    measured = results["scale"]["rows"][0]   # FramedProxy cap 8, the one the targets name
-    found.append((f"{results['scale']['clients']} clients through {measured['relay']}, 0 wrong answers",
-                  f"{measured['wrong'] + measured['unanswered']} wrong or unanswered",
-                  measured["wrong"] + measured["unanswered"] == 0))
-    found.append((f"{results['scale']['clients']} clients through {measured['relay']}, peak RSS < 64 MB",
-                  f"{measured['peak_rss_mb']:.1f} MB", measured["peak_rss_mb"] < 64))
+    for row in (results.get("scale") or {}).get("rows", []):
+        if row["relay"] == "haproxy":
+            continue
+        found.append((f"{row['clients']} clients through {row['relay']}: 0 wrong, 0 lost",
+                      f"{row['wrong']} wrong, {row['lost']} lost", row["wrong"] + row["lost"] == 0))
+        if row["relay"].startswith("FramedProxy") and row["clients"] == 1000:
+            found.append((f"{row['clients']} clients through {row['relay']}, peak RSS < 64 MB",
+                          f"{row['peak_rss_mb']:.1f} MB", row["peak_rss_mb"] < 64))
     return found
 
 
@@ -730,108 +1094,164 @@ def low_high(figures, form="{:.0f}"):
     return f"{form.format(figures['low'])}-{form.format(figures['high'])}"
 
 
-def render(results, arguments):
-    header = (f"bench.py on {os.cpu_count()} cores, Python {platform.python_version()}, "
-              f"{platform.system()} {platform.release()}, load average {results['load_average']:.1f} "
-              f"at the start; one run of: {arguments}\n")
-    out = [header]
-    section = results["overhead"]
-    out.append(table(
-        f"1. Overhead: round trips through each relay, median of {section['repetitions']} "
-        f"repetitions of {section['seconds_each']} s (ratio to direct from the same repetition)",
-        ["relay", "clients", "req/s", "range", "x direct", "range", "p50 us", "p99 us", "wrong"],
-        [[row["relay"], row["clients"], f"{row['rate']['median']:.0f}", low_high(row["rate"]),
-          f"{row['ratio']['median']:.2f}", low_high(row["ratio"], "{:.2f}"),
-          f"{row['p50_us']:.0f}", f"{row['p99_us']:.0f}", row["wrong"]]
-         for row in sorted(section["rows"], key=lambda row: row["clients"])]))
-    out.extend(note + "\n" for note in section["notes"])
-    out.append(table(
-        "CPU time of each relay's processes per request, over the whole overhead section",
-        ["relay", "requests", "user us/req", "system us/req"],
-        [[row["relay"], row["requests"], f"{row['user_us']:.0f}", f"{row['system_us']:.0f}"]
-         for row in section["cpu"]]))
-    out.append(table(
+def one_line(error):
+    """An exception as one line: its type and the first line of its message."""
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+
+
+def ratio_cell(figures):
+    return f"{figures['median']:.2f} ({low_high(figures, '{:.2f}')})" if figures else "-"
+
+
+def cpu_cell(value):
+    return f"{value:.0f}" if value else "-"
+
+
+def render_comparison(title, section, left_columns=3):
+    return table(
+        title,
+        ["relay", "clients", "load", "req/s", "x direct", "x socat (range)", "p50 us", "p99 us",
+         "relay CPU us/req", "user", "system", "switches/req", "futex/req", "upstream CPU us/req", "wrong"],
+        [[row["relay"], row["clients"], row["load"], f"{row['rate']['median']:.0f}",
+          f"{row['x_direct']['median']:.2f}", ratio_cell(row["x_socat"]),
+          f"{row['p50_us']:.0f}", f"{row['p99_us']:.0f}", cpu_cell(row["relay_cpu_us"]),
+          cpu_cell(row["relay_user_us"]), cpu_cell(row["relay_system_us"]),
+          f"{row['switches']:.1f}" if row["switches"] else "-",
+          f"{row['futexes']:.2f}" if row.get("futexes") else "-", f"{row['upstream_cpu_us']:.0f}", row["wrong"]]
+         for row in sorted(section["rows"], key=lambda row: (row["clients"], row["load"] != "selector"))],
+        left_columns)
+
+
+def render_overhead(section):
+    return render_comparison(
+        f"Overhead: round trips through each relay to the lean upstream, median of {section['repetitions']} "
+        f"repetitions of {section['seconds_each']} s; ratios from the same repetition; CPU per request "
+        f"of the relay's process (and of the upstream's)", section)
+
+
+def render_alternatives(section):
+    return render_comparison(
+        f"Alternatives: PassthroughProxy's mechanism against others, median of {section['repetitions']} "
+        f"repetitions of {section['seconds_each']} s; switches: the relay's context switches per request", section)
+
+
+def render_nagle(section):
+    return table(
         "Nagle: a request written in two parts 2 ms apart, through the relay",
         ["relay", "requests", "median ms", "range ms"],
         [[row["relay"], row["requests"], f"{row['median_ms']:.1f}",
-          f"{row['low_ms']:.1f}-{row['high_ms']:.1f}"] for row in results["nagle"]["rows"]]))
-    section = results["head_of_line"]
-    out.append(table(
-        f"2. Head-of-line: {HEAD_OF_LINE_CLIENTS} clients at once, upstream delays each reply "
+          f"{row['low_ms']:.1f}-{row['high_ms']:.1f}"] for row in section["rows"]])
+
+
+def render_head_of_line(section):
+    return table(
+        f"Head-of-line: {HEAD_OF_LINE_CLIENTS} clients at once, upstream delays each reply "
         f"{section['reply_delay_ms']:.0f} ms, median of {section['repetitions']} bursts",
         ["pool cap C", "predicted ceil(N/C)*D ms", "measured ms", "range ms", "excess ms", "within target",
          "wrong"],
         [[row["pool_cap"], f"{row['predicted_ms']:.0f}", f"{row['wall_ms']['median']:.1f}",
           low_high(row["wall_ms"], "{:.1f}"), f"{row['excess_ms']:+.1f}",
-          "yes" if row["within_target"] else "no", row["wrong"]] for row in section["rows"]]))
-    section = results["pipelining"]
-    if section["rows"]:
-        out.append(table(
-            f"3. Pipelining vs pooling: {HEAD_OF_LINE_CLIENTS} clients at once; a slow upstream spends "
-            f"{section['reply_delay_ms']:.0f} ms on each reply in turn, a distant one answers each "
-            f"{section['reply_delay_ms']:.0f} ms after it arrived; median of {section['repetitions']} bursts",
-            ["upstream", "relay", "wall ms", "range ms", "p50 ms", "wrong"],
-            [[row["upstream"], row["relay"], f"{row['wall_ms']['median']:.1f}", low_high(row["wall_ms"], "{:.1f}"),
-              f"{row['p50_ms']:.1f}", row["wrong"]] for row in section["rows"]], left_columns=2))
-    else:
-        out.append("3. Pipelining vs pooling\n" + "".join(note + "\n" for note in section["notes"]))
-    section = results["scale"]
-    out.append(table(
-        f"4. Scale: {section['clients']} clients connect at once, then each sends one request; from the "
-        f"first connect until every connect() returned (connected) and the proxy accepted all (accepted)",
-        ["relay", "answered", "wrong", "unanswered", "connected ms", "accepted ms", "burst ms", "p50 ms",
+          "yes" if row["within_target"] else "no", row["wrong"]] for row in section["rows"]])
+
+
+def render_pipelining(section):
+    return table(
+        f"Pipelining vs pooling (Part two's ManagedProxy): {HEAD_OF_LINE_CLIENTS} clients at once; a slow "
+        f"upstream spends {section['reply_delay_ms']:.0f} ms on each reply in turn, a distant one answers each "
+        f"{section['reply_delay_ms']:.0f} ms after it arrived; median of {section['repetitions']} bursts",
+        ["upstream", "relay", "wall ms", "range ms", "p50 ms", "wrong"],
+        [[row["upstream"], row["relay"], f"{row['wall_ms']['median']:.1f}", low_high(row["wall_ms"], "{:.1f}"),
+          f"{row['p50_ms']:.1f}", row["wrong"]] for row in section["rows"]], left_columns=2)
+
+
+def render_scale(section):
+    return table(
+        "Scale: the clients connect at once (connected: every connect() returned; accepted: the proxy "
+        "accepted all), then each sends one request; lost: a connect that failed or a request unanswered",
+        ["relay", "clients", "answered", "wrong", "lost", "connected ms", "accepted ms", "p50 ms",
          "p99 ms", "peak threads", "peak RSS MB"],
-        [[row["relay"], row["answered"], row["wrong"], row["unanswered"], f"{row['connected_ms']:.0f}",
-          f"{row['accepted_ms']:.0f}",
-          f"{row['burst_ms']:.0f}", f"{row['p50_ms']:.1f}", f"{row['p99_ms']:.1f}",
-          row["peak_threads"], f"{row['peak_rss_mb']:.1f}"] for row in section["rows"]]))
-    out.append(table("5. The targets set for the bench", ["target", "measured", "reached"],
-                     [[name, figure, "yes" if reached else "NO"] for name, figure, reached in targets(results)]))
-    for label, report in (results.get("profile") or {}).items():
-        out.append(f"Profile of {label}: {report['requests']} requests from {report['clients']} clients, "
-                   f"{report['cpu_seconds']:.2f} s of process CPU, every thread profiled "
-                   f"(profiling slows it)\n{report['profile']}")
-    return "\n".join(out)
+        [[row["relay"], row["clients"], row["answered"], row["wrong"], row["lost"], f"{row['connected_ms']:.0f}",
+          f"{row['accepted_ms']:.0f}", f"{row['p50_ms']:.1f}", f"{row['p99_ms']:.1f}",
+          row["peak_threads"], f"{row['peak_rss_mb']:.1f}"] for row in section["rows"]])
+
+
+def render_profile(section):
+    return "\n".join(f"Profile of {label}: {report['requests']} requests from {report['clients']} clients, "
+                     f"{report['cpu_seconds']:.2f} s of process CPU, every thread profiled "
+                     f"(profiling slows it)\n{report['profile']}" for label, report in section.items())
+
+
+def render_targets(results):
+    return table("The targets set for the bench", ["target", "measured", "reached"],
+                 [[name, figure, "yes" if reached else "NO"] for name, figure, reached in targets(results)])
 
 
 def parse_arguments(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="3 short repetitions: under 30 s")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 short repetitions, and 1,000 clients only: under a minute on a busy machine")
     parser.add_argument("--json", metavar="FILE", help="write every raw figure to FILE")
     parser.add_argument("--profile", action="store_true",
                         help="also profile PassthroughProxy and FramedProxy under load (cProfile, every thread)")
-    parser.add_argument("--repetitions", type=int, help="overhead repetitions (default 5, quick 3)")
-    parser.add_argument("--seconds", type=float, help="seconds per overhead measurement (default 1, quick 0.1)")
+    parser.add_argument("--perf", action="store_true",
+                        help="alternatives: count each Python relay's futex() calls with `perf stat` (Linux, root)")
+    parser.add_argument("--only", metavar="SECTIONS",
+                        help="comma-separated sections to run (default all): " + ", ".join(SECTION_NAMES))
+    parser.add_argument("--repetitions", type=int, help="repetitions per comparison (default 5, quick 3)")
+    parser.add_argument("--seconds", type=float, help="seconds per comparison measurement (default 1, quick 0.1)")
     return parser.parse_args(argv)
+
+
+SECTION_NAMES = ("overhead", "alternatives", "nagle", "head_of_line", "scale", "pipelining")
+
+
+def sections(arguments, notes):
+    """(name, how to measure it, how to render it) for every section asked for."""
+    repetitions = arguments.repetitions or (3 if arguments.quick else 5)
+    seconds = arguments.seconds or (0.1 if arguments.quick else 1.0)
+    chosen = arguments.only.split(",") if arguments.only else list(SECTION_NAMES)
+    every = {
+        "overhead": (lambda: overhead(repetitions, seconds, notes), render_overhead),
+        "alternatives": (lambda: alternatives(repetitions, seconds, ALTERNATIVE_CLIENTS, notes,
+                                              count_futexes=arguments.perf), render_alternatives),
+        "nagle": (lambda: nagle(count=5 if arguments.quick else 20), render_nagle),
+        "head_of_line": (lambda: head_of_line(repetitions), render_head_of_line),
+        "scale": (lambda: scale(SCALE_CLIENTS[:1] if arguments.quick else SCALE_CLIENTS, notes), render_scale),
+        "pipelining": (lambda: pipelining(repetitions, notes), render_pipelining),
+    }
+    if arguments.profile:
+        chosen.append("profile")
+        every["profile"] = (lambda: profile(seconds=2 * seconds), render_profile)
+    return [(name, *every[name]) for name in chosen]
 
 
 def main(argv=None):
     arguments = parse_arguments(argv)
     raise_open_file_limit()
-    repetitions = arguments.repetitions or (3 if arguments.quick else 5)
-    seconds = arguments.seconds or (0.1 if arguments.quick else 1.0)
     started = time.perf_counter()
     results = {"cores": os.cpu_count(), "python": platform.python_version(),
                "load_average": os.getloadavg()[0],   # other work on the machine skews every figure
-               "command": " ".join(["python3", "bench.py", *(argv if argv is not None else sys.argv[1:])])}
-    progress("section 1/5: overhead")
-    results["overhead"] = overhead(repetitions, seconds)
-    progress("nagle: one request in two writes, with and without TCP_NODELAY")
-    results["nagle"] = nagle(count=5 if arguments.quick else 20)
-    progress("section 2/5: head-of-line")
-    results["head_of_line"] = head_of_line(repetitions)
-    progress("section 3/5: pipelining vs pooling")
-    results["pipelining"] = pipelining(repetitions)
-    progress(f"section 4/5: scale, {SCALE_CLIENTS} clients")
-    results["scale"] = scale()
-    if arguments.profile:
-        progress("profile: every proxy thread under cProfile")
-        results["profile"] = profile(seconds=2 * seconds)
-    progress(f"section 5/5: tables; {time.perf_counter() - started:.0f} s in all")
+               "command": " ".join(["python3", "bench.py", *(argv if argv is not None else sys.argv[1:])]),
+               "failed": {}}
+    print(f"bench.py on {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"{platform.system()} {platform.release()}, load average {results['load_average']:.1f} "
+          f"at the start; one run of: {results['command']}\n", flush=True)
+    chosen = sections(arguments, notes := [])
+    for number, (name, measure, render) in enumerate(chosen, 1):
+        progress(f"section {number}/{len(chosen)}: {name}")
+        noted = len(notes)
+        try:
+            results[name] = measure()
+            text = render(results[name])
+        except Exception as error:   # one section's failure must not lose the others
+            results["failed"][name] = one_line(error)
+            text = f"{name}: could not finish: {one_line(error)}\n"
+        print(f"{number}. {text}" + "".join(note + "\n" for note in notes[noted:]), flush=True)
+    progress(f"{time.perf_counter() - started:.0f} s in all")
     results["targets"] = [{"target": name, "measured": figure, "reached": reached}
                           for name, figure, reached in targets(results)]
-    print(render(results, results["command"]))
+    print(render_targets(results), flush=True)
     if arguments.json:
         with open(arguments.json, "w", encoding="utf-8") as out:
             json.dump(results, out, indent=1, default=str)

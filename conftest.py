@@ -1,20 +1,54 @@
-"""Shared test guards: no test may leave a thread running or a socket unclosed."""
+"""Shared test guards: no test may leave a thread running or a socket unclosed.
+
+An open socket that is dropped warns (ResourceWarning) when it is freed. Reference
+counting frees most at once; one caught in a reference cycle waits for the cycle
+collector, and a full gc.collect() after every test costs seconds of the suite.
+So the guard keeps a weak reference to every socket made during a test and runs
+the collector only when one of them is still open at the end: the only case in
+which an unclosed socket can be lying in unreachable garbage. A socket still open
+after that collection is reachable, and left open: that fails the test too.
+"""
 import gc
+import socket
 import threading
 import warnings
+import weakref
 
 import pytest
+
+pytest_plugins = ["pytester"]   # test_conftest.py runs this guard on tests that leak
+
+made_during_test = weakref.WeakSet()   # every socket.socket made since the running test began
+original_socket_init = socket.socket.__init__
+
+
+def tracked_socket_init(self, *args, **kwargs):
+    """socket.socket.__init__, noting the socket (accept() makes its sockets through it too)."""
+    original_socket_init(self, *args, **kwargs)
+    made_during_test.add(self)
+
+
+socket.socket.__init__ = tracked_socket_init
+
+
+def open_sockets():
+    return [sock for sock in list(made_during_test) if sock.fileno() != -1]
 
 
 @pytest.fixture(autouse=True)
 def no_leaks():
-    """Fail a test that leaves a thread alive or lets a socket be collected unclosed."""
+    """Fail a test that leaves a thread alive, lets a socket be freed unclosed, or
+    keeps one open."""
     before = set(threading.enumerate())
+    made_during_test.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         yield
-        gc.collect()
+        if open_sockets():   # maybe garbage in a cycle: collecting it warns
+            gc.collect()
     leaked = [t for t in threading.enumerate() if t not in before and t.is_alive()]
     assert not leaked, f"threads left running: {leaked}"
     unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert not unclosed, f"resources left open: {unclosed}"
+    still_open = open_sockets()
+    assert not still_open, f"sockets left open: {still_open}"

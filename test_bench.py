@@ -1,13 +1,15 @@
 """Fast checks of bench.py's pieces: the load generator counts what it should,
 the servers it adds behave as their docstrings say, and the tables and target
 verdicts come out as written. The bench itself runs with `make bench`."""
+import contextlib
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
 import bench
-from tcp_proxy import Upstream
+from tcp_proxy import PassthroughProxy, Upstream
 
 
 class WrongUpstream(Upstream):
@@ -98,35 +100,95 @@ def test_targets_compare_rates_from_the_same_repetition():
     def runs(*rates):
         return [{"rate": rate} for rate in rates]
     overhead_rows = [
-        {"relay": "socat", "clients": 1, "runs": runs(100, 200, 100)},
-        {"relay": "PassthroughProxy", "clients": 1, "runs": runs(90, 100, 80)},   # 0.9, 0.5, 0.8
-        {"relay": "FramedProxy cap 1", "clients": 1, "runs": runs(90, 100, 80)},
+        {"relay": "socat", "clients": 1, "load": "selector", "runs": runs(100, 200, 100)},
+        {"relay": "PassthroughProxy", "clients": 1, "load": "selector", "runs": runs(90, 100, 80)},  # .9 .5 .8
+        {"relay": "PassthroughProxy", "clients": 8, "load": "threads", "runs": runs(100, 100, 100)},
+        {"relay": "FramedProxy cap 8", "clients": 8, "load": "threads", "runs": runs(70, 80, 90)},
     ]
     results = {
         "overhead": {"rows": overhead_rows},
         "head_of_line": {"rows": [{"pool_cap": 2, "predicted_ms": 80.0, "wall_ms": {"median": 83.5},
                                    "within_target": False}]},
-        "scale": {"clients": 1000, "rows": [{"relay": "FramedProxy cap 8", "wrong": 0, "unanswered": 0,
-                                             "peak_rss_mb": 40.0}]},
+        "scale": {"rows": [{"relay": "FramedProxy cap 8", "clients": 1000, "wrong": 0, "lost": 0,
+                            "peak_rss_mb": 40.0},
+                           {"relay": "PassthroughProxy", "clients": 5000, "wrong": 0, "lost": 3,
+                            "peak_rss_mb": 300.0},
+                           {"relay": "haproxy", "clients": 5000, "wrong": 0, "lost": 0, "peak_rss_mb": 30.0}]},
     }
     assert bench.targets(results) == [
-        ("PassthroughProxy >= 0.9x socat, 1 client(s)", "0.80x (0.50-0.90)", False),
-        ("FramedProxy cap 1 >= 0.75x PassthroughProxy, 1 client(s)", "1.00x (1.00-1.00)", True),
+        ("PassthroughProxy >= 0.9x socat, 1 client(s), selector load", "0.80x (0.50-0.90)", False),
+        ("FramedProxy cap 8 >= 0.75x PassthroughProxy, 8 client(s), threads load", "0.80x (0.70-0.90)", True),
         ("head-of-line cap 2 within max(3 ms, 10%) of 80 ms", "83.5 ms", False),
-        ("1000 clients through FramedProxy cap 8, 0 wrong answers", "0 wrong or unanswered", True),
+        ("1000 clients through FramedProxy cap 8: 0 wrong, 0 lost", "0 wrong, 0 lost", True),
         ("1000 clients through FramedProxy cap 8, peak RSS < 64 MB", "40.0 MB", True),
+        ("5000 clients through PassthroughProxy: 0 wrong, 0 lost", "0 wrong, 3 lost", False),
     ]
 
 
-def test_absent_tools_and_managed_proxy_are_skipped_with_a_one_line_note(monkeypatch):
+def test_targets_of_a_run_where_sections_failed_are_those_of_the_sections_that_finished():
+    assert bench.targets({"failed": {"overhead": "OSError: boom"}}) == []
+
+
+def test_absent_tools_are_skipped_with_a_note_that_says_how_to_get_them(monkeypatch):
     monkeypatch.setattr(bench.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(bench, "POOL_CAPS", (8,))   # fewer processes to start: the notes are the point
+    notes = []
+    with Upstream() as upstream, contextlib.ExitStack() as stack:
+        relays = bench.start_relays(upstream.addr, notes, stack)
+    assert list(relays) == ["PassthroughProxy", "FramedProxy cap 8"]
+    get_them = "(`make bench-tools` installs socat and haproxy)"
+    assert notes == [f"socat: skipped, not installed {get_them}", f"haproxy: skipped, not installed {get_them}"]
+
+
+def test_pipelining_without_managed_proxy_is_skipped_with_a_note(monkeypatch):
     monkeypatch.setattr(bench, "managed", None)
     notes = []
-    with Upstream() as upstream:
-        relays = bench.start_relays(upstream.addr, notes)
-        for relay in relays.values():
-            relay.stop()
-    assert list(relays) == ["PassthroughProxy", "FramedProxy cap 1", "FramedProxy cap 8", "FramedProxy cap 64"]
-    assert notes == ["ManagedProxy: skipped, managed.py does not import",
-                     "socat: skipped, not installed", "haproxy: skipped, not installed"]
-    assert bench.pipelining(repetitions=1) == {"rows": [], "notes": ["pipelining: skipped, managed.py does not import"]}
+    assert bench.pipelining(repetitions=1, notes=notes)["rows"] == []
+    assert notes == ["pipelining: skipped, managed.py does not import"]
+
+
+def test_a_section_that_fails_says_why_in_one_line_and_the_others_still_print(monkeypatch, capsys):
+    def fails():
+        raise TimeoutError("gave up waiting for connections to reach 1000\nsecond line")
+
+    def sections(arguments, notes):
+        return [("scale", fails, bench.render_scale),
+                ("nagle", lambda: {"rows": [{"relay": "r", "requests": 1, "median_ms": 2.0, "low_ms": 1.0,
+                                             "high_ms": 3.0}]}, bench.render_nagle)]
+    monkeypatch.setattr(bench, "sections", sections)
+    bench.main([])
+    out = capsys.readouterr().out
+    assert "1. scale: could not finish: TimeoutError: gave up waiting for connections to reach 1000\n" in out
+    assert "second line" not in out
+    assert "2. Nagle: a request written in two parts" in out
+
+
+def test_lean_upstream_answers_lines_however_they_were_cut():
+    with bench.LeanUpstream() as upstream, socket.create_connection(upstream.addr, timeout=5) as sock:
+        sock.sendall(b"GET a\nGET")
+        sock.sendall(b" b\nPING\n")
+        reader = sock.makefile("rb")
+        replies = [reader.readline() for _ in range(3)]
+        reader.close()
+    assert replies == [b"a=AAAAAAAAAAAA\n", b"b=BBBBBBBBBBBB\n", b"PONG\n"]
+
+
+@pytest.mark.parametrize("relay_class", [
+    bench.UnpinnedPassthroughProxy, bench.UncountedPassthroughProxy, bench.NotifyIfWaitedPassthroughProxy,
+    bench.SplicePassthroughProxy,
+    bench.OneThreadPassthroughProxy, type("Pinned", (bench.PinnedConnections, PassthroughProxy), {})])
+def test_each_alternative_relay_gives_every_client_its_own_replies(relay_class):
+    with bench.LeanUpstream() as upstream, relay_class(upstream.addr) as relay:
+        measured = rounds_against(relay, 4, requests_each=25)
+    assert (measured.answered, measured.wrong, measured.unanswered) == (100, 0, 0)
+
+
+def test_threaded_load_generator_counts_every_round_trip_of_every_thread():
+    with bench.LeanUpstream() as upstream:
+        measured = bench.threaded_round_trips(upstream.addr, 3, seconds=0.05)
+    assert measured.answered == len(measured.latencies) > 3
+    assert measured.wrong == 0
+
+
+def test_bench_md_stays_within_its_size_bound():
+    assert (Path(__file__).parent / "BENCH.md").stat().st_size <= 15 * 1024
