@@ -330,7 +330,7 @@ def answered_in_order(upstream, keys):
 
     def pause(key):
         if key in position:
-            upstream.wait_until(lambda: upstream.level("replies") >= position[key] or upstream.closed,
+            upstream.wait_until(lambda: upstream.replies >= position[key] or upstream.closed,
                                 f"reply {position[key] + 1} of {keys}")
     return pause
 
@@ -342,8 +342,8 @@ def out_of_order():
         calls = start_calls(client, lines)
         results = [call.result() for call in calls]
         upstream.wait_replies(len(lines))   # counted just after each write: the callers may be first
-        print("  upstream read    " + ", ".join(repr(line) for line in upstream.requests))
-        print("  upstream wrote   " + ", ".join(repr(line) for line in upstream.replies))
+        print("  upstream read    " + ", ".join(repr(line) for line in upstream.parsed))
+        print("  upstream wrote   " + ", ".join(repr(line) for line in upstream.written))
         for name, line, result in zip("ABC", lines, results):
             verdict = "right" if result == answer(line.encode()).decode().rstrip("\n") else "WRONG"
             print(f"  {name} called {line!r:<13} got {result!r:<24} {verdict}")
@@ -362,7 +362,7 @@ def slow_key():
         upstream.wait_replies(len(fast))
         print(f"  with ids: GET slow sent first and held; the fast calls returned "
               f"{', '.join(map(repr, fast_results))}")
-        print(f"  upstream wrote   {', '.join(map(repr, upstream.replies))}   (slow still held)")
+        print(f"  upstream wrote   {', '.join(map(repr, upstream.written))}   (slow still held)")
         held.set()
         print(f"  then GET slow -> {calls[0].result()!r}")
     release = threading.Event()
@@ -372,10 +372,10 @@ def slow_key():
             sock.sendall(b"GET slow\nGET a\nGET b\nGET c\n")
             upstream.wait_ready(3)
             print(f"  without ids, pipelined in order: while GET slow is held, replies ready "
-                  f"{upstream.ready}, written {len(upstream.replies)}")
+                  f"{upstream.ready}, written {upstream.replies}")
             release.set()
             upstream.wait_replies(4)
-            print(f"  upstream wrote   {', '.join(map(repr, upstream.replies))}   (in order, after slow)")
+            print(f"  upstream wrote   {', '.join(map(repr, upstream.written))}   (in order, after slow)")
     print("  verdict: with ids a slow request delays only itself; in order, it delays every reply behind it")
 
 
@@ -400,7 +400,7 @@ def late_reply():
         client.wait_dropped(1)
         upstream.wait_replies(2)
         print(f"  GET next -> {following.result()!r}")
-        print(f"  upstream wrote   {', '.join(map(repr, upstream.replies))}")
+        print(f"  upstream wrote   {', '.join(map(repr, upstream.written))}")
         print(f"  late replies dropped by id: {client.dropped}; connections: {upstream.connections}; "
               f"owed now: {len(client.owed)}")
         after = client.call(b"GET after\n").decode().rstrip("\n")

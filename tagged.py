@@ -32,6 +32,7 @@ a line that is not `<id> <reply>`, a line longer than MAX_LINE. A reply whose
 id belongs to a call that timed out is simply dropped: ids are never reused on
 a connection, so no later call can take it for its own.
 """
+import collections
 import contextlib
 import itertools
 import re
@@ -76,15 +77,17 @@ class TaggedUpstream(Server):
                            its own thread after its delay, but written in arrival order,
                            as a pipelined protocol without ids must
     """
-    counters = {**Server.counters, "requests": [], "ready": 0, "replies": []}
-    # requests  request lines parsed (id included), in arrival order; bumped by the reader
+    counters = {**Server.counters, "requests": 0, "ready": 0, "replies": 0}
+    # requests  request lines parsed (id included); bumped by the reader after `parsed` has it
     # ready     replies whose delay and pause are over; bumped on the request's thread
-    # replies   reply lines written whole, in the order written; bumped after sendall()
+    # replies   reply lines written whole; bumped after sendall(), once `written` has it
 
     def __init__(self, delays=None, pause=None, tagged=True):
         super().__init__()
         self.delays, self.tagged = dict(delays or {}), tagged
         self.pause = pause or (lambda key: None)
+        self.parsed = collections.deque(maxlen=1000)    # the latest request lines, in arrival order
+        self.written = collections.deque(maxlen=1000)   # the latest reply lines, in the order written
 
     def handle(self, conn):
         """Read requests; give each its own thread. A connection with MAX_IN_FLIGHT
@@ -95,7 +98,8 @@ class TaggedUpstream(Server):
         answering = []       # this connection's request threads, joined before it closes
         try:
             for number, line in enumerate(read_lines(conn)):
-                self.count("requests", line.decode("utf-8", "replace"))
+                self.parsed.append(line.decode("utf-8", "replace"))
+                self.count("requests")
                 in_flight.acquire()   # the bound; every holder ends (close() cuts delays short)
                 answering.append(self.spawn(self._answer, conn, line, number, order, write_lock,
                                             in_flight))
@@ -125,7 +129,8 @@ class TaggedUpstream(Server):
                 order.wait_turn(number)   # the load-bearing wait of in-order pipelining
             with write_lock, contextlib.suppress(OSError):   # a client that has gone reads nothing
                 conn.sendall(reply)
-                self.count("replies", reply.decode("utf-8", "replace").rstrip("\n"))
+                self.written.append(reply.decode("utf-8", "replace").rstrip("\n"))
+                self.count("replies")
         finally:
             order.done(number)   # even a failed reply ends its turn, so none after it waits for ever
             in_flight.release()

@@ -41,7 +41,7 @@ import time
 MAX_LINE = 64 * 1024     # the longest line anyone here will buffer
 CHUNK = 4096             # bytes asked of one recv()
 CONNECT_TIMEOUT = 1.5    # seconds a connect to an upstream may take (close() waits out at most this)
-ACCEPT_POLL = 0.05       # seconds between an accept loop's looks at `closed`; its rest after an error
+ACCEPT_BACKOFF = 0.05    # seconds an accept loop rests after accept() fails (out of descriptors)
 
 
 # --- the line protocol ------------------------------------------------------
@@ -162,7 +162,6 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
     def listen(self, addr):
         """Listen on addr (port 0: a free port, then in .addr) and start accepting."""
         self._listener = socket.create_server(addr, backlog=1024)
-        self._listener.settimeout(ACCEPT_POLL)   # accepted sockets still block: see _accept_loop
         self.addr = self._listener.getsockname()
         self._acceptor = self.spawn(self._accept_loop)
 
@@ -173,10 +172,9 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
         while not self.closed:
             try:
                 conn, _ = self._listener.accept()
-            except TimeoutError:   # nobody came for ACCEPT_POLL seconds: look at `closed` again
-                continue
-            except OSError:   # out of descriptors (EMFILE, ENFILE), an aborted connect: not
-                time.sleep(ACCEPT_POLL)   # fatal; rest until clients leave, then go on
+            except OSError:   # close() shut the listener down, or out of descriptors (EMFILE,
+                if not self.closed:   # ENFILE), or an aborted connect: rest a moment, go on
+                    time.sleep(ACCEPT_BACKOFF)
                 continue
             self.track(conn)   # after close(), track() shuts it down at once
             self.count("connections")
@@ -237,7 +235,8 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
             self._lock.notify_all()
         with self._changed:   # hook waiters too (Upstream's gate) must see `closed`
             self._changed.notify_all()
-        self._acceptor.join()   # it sees `closed` within ACCEPT_POLL seconds
+        shutdown(self._listener)   # wakes accept(), which now finds `closed`
+        self._acceptor.join()
         while alive := [t for t in self._threads if t.is_alive()]:
             for thread in alive:   # joined threads may have spawned others: look again
                 thread.join()

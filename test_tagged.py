@@ -37,7 +37,7 @@ def get(key):
 def answer_in_order(upstream, keys):
     """A pause hook: the reply to keys[i] leaves only after i replies have been written."""
     position = {key: index for index, key in enumerate(keys)}
-    return lambda key: upstream.wait_until(lambda: upstream.level("replies") >= position[key] or upstream.closed,
+    return lambda key: upstream.wait_until(lambda: upstream.replies >= position[key] or upstream.closed,
                                            f"reply {position[key]} of {keys}")
 
 
@@ -74,7 +74,7 @@ def test_replies_written_in_reverse_order_each_reach_their_own_caller():
         assert results == {key: answer(get(key)[:-1]) for key in keys}
         assert upstream.connections == 1 and client.replies == 4
         upstream.wait_replies(4)
-        assert [line.split(" ", 1)[1] for line in upstream.replies] == [
+        assert [line.split(" ", 1)[1] for line in upstream.written] == [
             answer(get(key)[:-1]).decode().rstrip("\n") for key in keys[::-1]]   # the wire order
 
 
@@ -123,7 +123,7 @@ def test_a_held_slow_key_does_not_delay_the_fast_keys_sent_after_it():
         upstream.wait_requests(1)   # the slow request is on the wire first
         results.update(in_threads(lambda key: client.call(get(key)), fast))
         slow.join()
-        assert upstream.requests[0].endswith("GET slow")
+        assert upstream.parsed[0].endswith("GET slow")
         assert results == {key: answer(get(key)[:-1]) for key in fast + ["slow"]}
 
 
@@ -135,7 +135,7 @@ def test_the_untagged_twin_writes_no_fast_reply_while_the_slow_one_before_it_is_
         with sock:
             sock.sendall(b"GET slow\nGET a\nGET b\n")
             upstream.wait_ready(2)   # both fast replies are ready...
-            assert upstream.replies == []   # ...and none has been written: they wait their turn
+            assert list(upstream.written) == []   # ...and none has been written: they wait their turn
             release.set()
             upstream.wait_replies(3)
             received = b""
