@@ -349,7 +349,7 @@ class NaiveProxy(Relay):
 
     def forward(self, client, data):
         with self._lock:   # one chunk goes up whole, and `last` names its sender
-            self.last = client   # looks like the decision; scenario 3 shows it is inert
+            self.last = client   # looks like the decision; scenario 3 shows it is not the fix
             self.upstream.sendall(data)
 
     def _downstream(self):
