@@ -40,7 +40,7 @@ from tcp_proxy import MAX_LINE, FramedProxy, Hooks, Server, answer
 
 HERE = Path(__file__).parent
 COMMENTARY = HERE / "COMMENTARY.md"
-TRANSCRIPTS = [HERE / "transcripts" / "demo.txt", HERE / "transcripts" / "managed.txt"]
+TRANSCRIPTS = [HERE / "transcripts" / name for name in ("demo.txt", "managed.txt", "part3.txt")]
 REFERENCE = HERE.parent / "shared" / "reference" / "tcp-proxy-commentary.txt"
 
 FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})[ \t]*([^\s`]*)")
@@ -255,6 +255,11 @@ def parts_one_and_two(source):
 
 def test_the_commentary_stays_within_55_kb():
     assert len(parts_one_and_two(text()).encode("utf-8")) <= MAX_BYTES
+
+
+def test_part_three_stays_within_15_kb():
+    part_three = re.search(r"^## Part three\b.*?(?=^## |\Z)", text(), re.M | re.S)
+    assert part_three and len(part_three.group().encode("utf-8")) <= 15_000   # issue 11
 
 
 def test_the_size_check_leaves_out_part_three_and_nothing_else():
