@@ -762,7 +762,7 @@ def stream_length(writes, connection):
     return sum(len(data) for _, on, parts in writes if on == connection for _, data in parts)
 
 
-CHECKIN_LABELS = {"released": "checkin", "dirty": "closed: out of step (dirty)", "discarded": "closed"}
+CHECKIN_LABELS = {"released": "checkin", "dirty": "closed as dirty", "discarded": "closed"}
 
 
 def draw_pool_panel(svg, left, top, rule, events, shown_exchanges):

@@ -322,7 +322,7 @@ def figures():
         f"{len(alpha)} bytes of alpha's reply, {len(beta)} of beta's",
         f"past {MAX_LINE} bytes",
         # scenario 1: the bytes add up
-        f"{a1} + {a2} + {b1} = {a1 + a2 + b1} bytes went up",
+        f"{a1} + {b1} + {a2} = {a1 + b1 + a2} bytes went up",   # in arrival order
         f"error of {len(glued)} bytes and {len(ha)} bytes",
         f"both errors ({len(glued) + len(ha)} bytes)",
         # scenarios 2, 3 and 8: two replies, one owner
