@@ -50,7 +50,7 @@ def test_the_guard_fails_each_kind_of_leak_and_passes_a_clean_test(pytester, mon
     collect = gc.collect
     monkeypatch.setattr(gc, "collect", lambda *generation: collections.append(collect(*generation)))
     try:
-        result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+        result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-rN")   # no summary: under CI it repeats each error in full
     finally:
         for thread in threading.enumerate():
             if thread.name == "left-running":
