@@ -1,10 +1,11 @@
 # make test   - a virtual environment with the test requirements, redis-server, then the whole suite
 # make check  - test, then both transcripts' determinism under load, then originality
+# make pictures - run the scenarios and redraw pictures/*.svg from what they recorded
 PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: demo race managed part3 redis-server test check golden bench bench-quick bench-part3 soak clean
+.PHONY: demo race managed part3 redis-server test check golden pictures bench bench-quick bench-part3 soak clean
 
 demo:
 	$(PYTHON) demo.py
@@ -56,6 +57,10 @@ golden:
 	$(PYTHON) demo.py --managed > transcripts/managed.txt
 	command -v redis-server >/dev/null   # without it --part3 prints only how to install it
 	$(PYTHON) demo.py --part3 > transcripts/part3.txt
+
+# Redraw the pictures from the scenarios' runs; look at them before committing.
+pictures:
+	$(PYTHON) pictures.py
 
 bench:
 	$(PYTHON) bench.py
