@@ -17,6 +17,11 @@ Map of the module, in reading order:
                            (RESP-parsed) and owned by the request each one answers
     draw_redis_line_pool   part3-redis-line-pool.svg: TrustingPool (lines) against
                            FramedProxy (RESP) over the same kind of stream
+    record_tagged          runs out_of_order, slow_key and late_reply, logging the
+                           bytes each caller's request went out as and each reply
+                           line the client's reader took, in the reader's order
+    draw_tagged_out_of_order   part3-tagged-out-of-order.svg: ids going up, replies
+                           coming back in another order, each to the caller of its id
     PICTURES, render_all(), main()
 
 Same bytes on every run: no port, time or id in a picture. A pool of one connection
@@ -25,15 +30,20 @@ the borrowers held it; Redis answers one connection's commands in order, so the
 n-th reply on a connection answers the n-th request sent on it.
 """
 import argparse
+import socket
 import sys
+import threading
 
+import demo
 import part3_demo
 import resp
+import tagged
 import tcp_proxy
 from pictures import (GREEN, INK, MUTED, PICTURES_DIR, RED, RED_FILL, HERE, Recorder, Svg, colours,
                       heading, run_quietly, text_width, visible)
 from tcp_proxy import FramedProxy
 
+FAINT_LANE = "#cccccc"     # a lifeline
 NEVER_READ = "never read"   # the owner label of stream bytes no borrower took
 
 
@@ -251,10 +261,176 @@ def draw_redis_line_pool(recorder):
     return svg
 
 
+# --- recording: request ids (tagged.py) ---------------------------------------------------
+
+def record_tagged():
+    """Run out_of_order, slow_key and late_reply; return the Recorder and what they printed.
+
+    Logged, per scenario (callers are named A, B, C ... in the order they first call):
+      scenario (name,)           a scenario begins
+      sent (caller, data)        a TaggedClient is about to write a request: `<id> <line>`,
+                                 logged before sendall(), so before the upstream can answer it
+      timeout (caller,)          the caller's call gave up (CallTimeout)
+      got (line,)                the client's reader took a reply line off the connection
+      dropped ()                 ... and dropped the line it just took: its id belongs to a
+                                 call that gave up
+      returned (caller, outcome) the call returned the reply (bytes) or raised (its class name)
+      upstream wrote (line,)     TaggedUpstream wrote a reply whole (its `written` log)
+    A caller's events and the reader's are each in their thread's order; between the two,
+    the drawing relies only on what causes what (a reply is got after its request is sent).
+    """
+    recorder = Recorder()
+    callers = {}          # the calling thread's ident -> caller name, in this scenario
+    client_sockets = []   # the TaggedClients' sockets: only their sendall() is a request
+
+    def scenario(name, function):
+        def run():
+            callers.clear()
+            recorder.log("scenario", name)
+            return function()
+        return run
+
+    def caller_name():
+        return callers.setdefault(threading.get_ident(), demo.CLIENT_NAMES[len(callers)])
+
+    def wrap_client_init(original):
+        def __init__(client, *args, **options):
+            original(client, *args, **options)
+            client_sockets.append(client.sock)
+        return __init__
+
+    def wrap_call(original):
+        def call(client, line, *args, **options):
+            caller = caller_name()
+            try:
+                reply = original(client, line, *args, **options)
+            except tagged.TaggedError as error:
+                recorder.log("returned", caller, type(error).__name__)
+                raise
+            recorder.log("returned", caller, reply)
+            return reply
+        return call
+
+    def wrap_sendall(original):
+        def sendall(sock, data, *args):
+            if any(sock is known for known in client_sockets):
+                recorder.log("sent", caller_name(), bytes(data))
+            return original(sock, data, *args)
+        return sendall
+
+    def wrap_client_count(original):
+        def count(client, name, amount=1):
+            if name == "timeouts":
+                recorder.log("timeout", caller_name())
+            if name == "dropped":   # on the reader's thread, just after the line it took
+                recorder.log("dropped")
+            original(client, name, amount)
+        return count
+
+    def wrap_read_lines(original):
+        def read_lines(sock, *args, **options):
+            for line in original(sock, *args, **options):
+                # asked per line: the reader starts before __init__ has noted its socket,
+                # but no reply can come before a request has gone out
+                if any(sock is known for known in client_sockets):
+                    recorder.log("got", line)
+                yield line
+        return read_lines
+
+    def wrap_upstream_count(original):
+        def count(upstream, name, amount=1):
+            if name == "replies":
+                recorder.log("upstream wrote", upstream.written[-1])
+            original(upstream, name, amount)
+        return count
+
+    with recorder:
+        recorder.wrap(tagged.TaggedClient, "__init__", wrap_client_init)
+        recorder.wrap(tagged.TaggedClient, "call", wrap_call)
+        recorder.wrap(tagged.TaggedClient, "count", wrap_client_count)
+        recorder.wrap(socket.socket, "sendall", wrap_sendall)
+        recorder.wrap(tagged, "read_lines", wrap_read_lines)
+        recorder.wrap(tagged.TaggedUpstream, "count", wrap_upstream_count)
+        _, printed = run_quietly(lambda: [scenario("out-of-order", part3_demo.out_of_order)(),
+                                          scenario("slow-key", part3_demo.slow_key)(),
+                                          scenario("late-reply", part3_demo.late_reply)()])
+    return recorder, printed
+
+
+def callers_by_id(events):
+    """{id: (caller, request line)} from the bytes each request went out as."""
+    found = {}
+    for _, caller, data in (e for e in events if e[0] == "sent"):
+        request_id, line = tagged.parse_tagged(data.rstrip(b"\n"))
+        found[request_id] = (caller, line)
+    return found
+
+
+def draw_tagged_out_of_order(recorder):
+    title = "Part three, scenario 5: request ids, three calls over one connection"
+    svg = Svg(title)
+    y = heading(svg, [title, "each request goes out as <id> <line>; the upstream answers in its own order, "
+                             "and the client's reader gives each reply to the call that owns its id"])
+    events = scenario_events(recorder, "out-of-order")
+    owners = callers_by_id(events)
+    names = sorted({caller for caller, _ in owners.values()})
+    lane = {name: 40 + index * 90 for index, name in enumerate(names)}
+    upstream_x = lane[names[-1]] + 620
+    top = y + 16
+    for name in names:
+        svg.text(lane[name], top, f"caller {name}", 13, colours(name)[1], anchor="middle", bold=True)
+    svg.text(upstream_x, top, "TaggedUpstream", 13, INK, anchor="middle", bold=True)
+    svg.text((lane[names[-1]] + upstream_x) / 2, top, "one TaggedClient connection", 12, MUTED, anchor="middle")
+    y = top + 30
+    rows_top = y - 12
+    wire_order = []
+    for event in events:
+        if event[0] == "sent":
+            caller, data = event[1:]
+            y += 38
+            svg.arrow(lane[caller] + 6, y, upstream_x - 6, y, colours(caller)[1], 1.5)
+            svg.bytes_box(lane[names[-1]] + 60, y - 30, data, caller, 13)
+        elif event[0] == "got":
+            line = event[1]
+            reply_id, _ = tagged.parse_tagged(line)
+            caller = owners[reply_id][0]
+            wire_order.append(reply_id)
+            y += 38
+            svg.arrow(upstream_x - 6, y, lane[caller] + 6, y, colours(caller)[1], 2)
+            svg.bytes_box(lane[names[-1]] + 60, y - 30, line + b"\n", caller, 13)
+            svg.text(upstream_x - 12, y - 12, f"id {reply_id} -> {caller}", 12, colours(caller)[1], anchor="end",
+                     bold=True)
+    bottom = y + 20
+    with svg.behind(0):
+        for name in names:
+            svg.line(lane[name], rows_top, lane[name], bottom, FAINT_LANE, 2, dash="4 4")
+        svg.line(upstream_x, rows_top, upstream_x, bottom, FAINT_LANE, 2, dash="4 4")
+    asked = sorted(owners)
+    svg.text(16, bottom + 28, f"ids went out {', '.join(map(str, asked))}; replies came back "
+             f"{', '.join(map(str, wire_order))}: not the order asked", 13, RED, bold=True)
+    y = bottom + 56
+    results = {e[1]: e[2] for e in events if e[0] == "returned"}
+    rows = []
+    for request_id in asked:
+        caller, line = owners[request_id]
+        outcome = results.get(caller)
+        rows.append((caller, visible(line), visible(outcome or b""), outcome == tcp_proxy.answer(line)))
+    line_width = max(len(line) for _, line, _, _ in rows)
+    outcome_width = max(len(outcome) for _, _, outcome, _ in rows)
+    for caller, line, outcome, right in rows:
+        label = f"{caller} called {line:<{line_width}}  returned {outcome:<{outcome_width}}"
+        svg.text(16, y, label, 13, INK)
+        svg.text(16 + text_width(label, 13) + 12, y, "its own reply" if right else "WRONG", 13,
+                 GREEN if right else RED, bold=True)
+        y += 22
+    return svg
+
+
 # --- the pictures, and the command line ------------------------------------------------
 
 PICTURES = {   # file name -> (run the scenarios: (Recorder, what they printed), draw from the Recorder)
     "part3-redis-line-pool.svg": (record_redis_pools, draw_redis_line_pool),
+    "part3-tagged-out-of-order.svg": (record_tagged, draw_tagged_out_of_order),
 }
 
 
