@@ -22,6 +22,8 @@ Map of the module, in reading order:
                            line the client's reader took, in the reader's order
     draw_tagged_out_of_order   part3-tagged-out-of-order.svg: ids going up, replies
                            coming back in another order, each to the caller of its id
+    draw_head_of_line      part3-head-of-line.svg: a held key with ids (the fast replies
+                           pass it) against the untagged twin (they wait behind it)
     PICTURES, render_all(), main()
 
 Same bytes on every run: no port, time or id in a picture. A pool of one connection
@@ -32,7 +34,6 @@ n-th reply on a connection answers the n-th request sent on it.
 import argparse
 import socket
 import sys
-import threading
 
 import demo
 import part3_demo
@@ -44,7 +45,8 @@ from pictures import (GREEN, INK, MUTED, PICTURES_DIR, RED, RED_FILL, HERE, Reco
 from tcp_proxy import FramedProxy
 
 FAINT_LANE = "#cccccc"     # a lifeline
-NEVER_READ = "never read"   # the owner label of stream bytes no borrower took
+NEVER_READ = "never read"
+UPSTREAM = "upstream"       # the owner of the untagged twin's bytes: one colour, no caller   # the owner label of stream bytes no borrower took
 
 
 # --- recording: the pools in front of Redis ---------------------------------------------
@@ -275,23 +277,33 @@ def record_tagged():
       dropped ()                 ... and dropped the line it just took: its id belongs to a
                                  call that gave up
       returned (caller, outcome) the call returned the reply (bytes) or raised (its class name)
-      upstream wrote (line,)     TaggedUpstream wrote a reply whole (its `written` log)
+      upstream read (tagged, line)    a TaggedUpstream parsed a request line (tagged: ids or not)
+      upstream ready (tagged, key)    ... the reply to `GET key` is ready: delay and pause over
+      upstream wrote (tagged, line)   ... wrote a reply whole (its `written` log)
     A caller's events and the reader's are each in their thread's order; between the two,
     the drawing relies only on what causes what (a reply is got after its request is sent).
     """
     recorder = Recorder()
-    callers = {}          # the calling thread's ident -> caller name, in this scenario
+    callers = {"named": 0, "scenario": 0}   # callers named so far in this scenario; which scenario
     client_sockets = []   # the TaggedClients' sockets: only their sendall() is a request
 
     def scenario(name, function):
         def run():
-            callers.clear()
+            callers["named"] = 0
+            callers["scenario"] += 1
             recorder.log("scenario", name)
             return function()
         return run
 
     def caller_name():
-        return callers.setdefault(threading.get_ident(), demo.CLIENT_NAMES[len(callers)])
+        """The calling thread's name, given at its first call in this scenario. Kept in
+        thread-local storage, not by thread ident: a finished thread's ident is reused."""
+        scenario_number, name = getattr(recorder.thread, "caller", (None, None))
+        if scenario_number != callers["scenario"]:
+            name = demo.CLIENT_NAMES[callers["named"]]
+            callers["named"] += 1
+            recorder.thread.caller = (callers["scenario"], name)
+        return name
 
     def wrap_client_init(original):
         def __init__(client, *args, **options):
@@ -337,10 +349,20 @@ def record_tagged():
                 yield line
         return read_lines
 
+    def wrap_key_of(original):   # called on the request's own thread, before its pause
+        def key_of(line):
+            recorder.thread.key = original(line)
+            return recorder.thread.key
+        return key_of
+
     def wrap_upstream_count(original):
         def count(upstream, name, amount=1):
-            if name == "replies":
-                recorder.log("upstream wrote", upstream.written[-1])
+            if name == "requests":   # on the connection's reader thread, after `parsed` has it
+                recorder.log("upstream read", upstream.tagged, upstream.parsed[-1])
+            elif name == "ready":    # on the request's thread, its delay and pause over
+                recorder.log("upstream ready", upstream.tagged, recorder.thread.key)
+            elif name == "replies":  # after sendall(), once `written` has it
+                recorder.log("upstream wrote", upstream.tagged, upstream.written[-1])
             original(upstream, name, amount)
         return count
 
@@ -351,6 +373,7 @@ def record_tagged():
         recorder.wrap(socket.socket, "sendall", wrap_sendall)
         recorder.wrap(tagged, "read_lines", wrap_read_lines)
         recorder.wrap(tagged.TaggedUpstream, "count", wrap_upstream_count)
+        recorder.wrap(tagged, "key_of", wrap_key_of)
         _, printed = run_quietly(lambda: [scenario("out-of-order", part3_demo.out_of_order)(),
                                           scenario("slow-key", part3_demo.slow_key)(),
                                           scenario("late-reply", part3_demo.late_reply)()])
@@ -366,21 +389,29 @@ def callers_by_id(events):
     return found
 
 
-def draw_tagged_out_of_order(recorder):
-    title = "Part three, scenario 5: request ids, three calls over one connection"
-    svg = Svg(title)
-    y = heading(svg, [title, "each request goes out as <id> <line>; the upstream answers in its own order, "
-                             "and the client's reader gives each reply to the call that owns its id"])
-    events = scenario_events(recorder, "out-of-order")
+def draw_tagged_sequence(svg, top, events, upstream_label="TaggedUpstream", sends_first=False):
+    """Callers' lifelines on the left, the upstream's on the right, one row per request
+    sent, call given up, and reply taken by the client's reader, down the page in the
+    order they were logged. A reply whose id belongs to a call that gave up is drawn in
+    red, stopping at the client. Returns (bottom, the reply ids in wire order, {id: (caller, line)}).
+
+    sends_first: every request first, then every reply, each in its own thread's order;
+    for a scenario whose hooks leave the scheduler to choose whether a quick reply comes
+    before or after the next request is sent (the log's order would change run to run)."""
+    if sends_first:
+        events = ([e for e in events if e[0] in ("sent", "timeout")]
+                  + [e for e in events if e[0] == "got"])
     owners = callers_by_id(events)
+    gave_up = {e[1] for e in events if e[0] == "timeout"}
     names = sorted({caller for caller, _ in owners.values()})
     lane = {name: 40 + index * 90 for index, name in enumerate(names)}
-    upstream_x = lane[names[-1]] + 620
-    top = y + 16
+    client_x = lane[names[-1]] + 50      # where the client's reader stands
+    upstream_x = lane[names[-1]] + 660
+    label_x = client_x + 20
     for name in names:
         svg.text(lane[name], top, f"caller {name}", 13, colours(name)[1], anchor="middle", bold=True)
-    svg.text(upstream_x, top, "TaggedUpstream", 13, INK, anchor="middle", bold=True)
-    svg.text((lane[names[-1]] + upstream_x) / 2, top, "one TaggedClient connection", 12, MUTED, anchor="middle")
+    svg.text(upstream_x, top, upstream_label, 13, INK, anchor="middle", bold=True)
+    svg.text((client_x + upstream_x) / 2, top, "one TaggedClient connection", 12, MUTED, anchor="middle")
     y = top + 30
     rows_top = y - 12
     wire_order = []
@@ -389,40 +420,113 @@ def draw_tagged_out_of_order(recorder):
             caller, data = event[1:]
             y += 38
             svg.arrow(lane[caller] + 6, y, upstream_x - 6, y, colours(caller)[1], 1.5)
-            svg.bytes_box(lane[names[-1]] + 60, y - 30, data, caller, 13)
+            svg.bytes_box(label_x, y - 30, data, caller, 13)
+        elif event[0] == "timeout":
+            caller = event[1]
+            y += 30
+            svg.text(lane[caller] + 10, y, f"{caller} gives up: CallTimeout; its id is abandoned, not reused",
+                     13, RED, bold=True)
         elif event[0] == "got":
             line = event[1]
             reply_id, _ = tagged.parse_tagged(line)
             caller = owners[reply_id][0]
             wire_order.append(reply_id)
             y += 38
-            svg.arrow(upstream_x - 6, y, lane[caller] + 6, y, colours(caller)[1], 2)
-            svg.bytes_box(lane[names[-1]] + 60, y - 30, line + b"\n", caller, 13)
-            svg.text(upstream_x - 12, y - 12, f"id {reply_id} -> {caller}", 12, colours(caller)[1], anchor="end",
-                     bold=True)
+            if caller in gave_up:
+                svg.arrow(upstream_x - 6, y, client_x + 6, y, RED, 2.5)
+                svg.bytes_box(label_x, y - 30, line + b"\n", caller, 13, wrong=True)
+                svg.text(client_x, y + 18, f"id {reply_id}: no call is owed it any more: dropped", 12, RED,
+                         bold=True)
+                y += 14
+            else:
+                svg.arrow(upstream_x - 6, y, lane[caller] + 6, y, colours(caller)[1], 2)
+                svg.bytes_box(label_x, y - 30, line + b"\n", caller, 13)
+                svg.text(upstream_x - 12, y - 12, f"id {reply_id} -> {caller}", 12, colours(caller)[1],
+                         anchor="end", bold=True)
     bottom = y + 20
     with svg.behind(0):
         for name in names:
             svg.line(lane[name], rows_top, lane[name], bottom, FAINT_LANE, 2, dash="4 4")
+        svg.line(client_x, rows_top, client_x, bottom, FAINT_LANE, 1, dash="2 6")
         svg.line(upstream_x, rows_top, upstream_x, bottom, FAINT_LANE, 2, dash="4 4")
-    asked = sorted(owners)
-    svg.text(16, bottom + 28, f"ids went out {', '.join(map(str, asked))}; replies came back "
-             f"{', '.join(map(str, wire_order))}: not the order asked", 13, RED, bold=True)
-    y = bottom + 56
+    return bottom, wire_order, owners
+
+
+def draw_results(svg, y, events, owners):
+    """One line per call: what it asked, what it returned, whether that is its own reply."""
     results = {e[1]: e[2] for e in events if e[0] == "returned"}
     rows = []
-    for request_id in asked:
+    for request_id in sorted(owners):
         caller, line = owners[request_id]
         outcome = results.get(caller)
-        rows.append((caller, visible(line), visible(outcome or b""), outcome == tcp_proxy.answer(line)))
-    line_width = max(len(line) for _, line, _, _ in rows)
-    outcome_width = max(len(outcome) for _, _, outcome, _ in rows)
-    for caller, line, outcome, right in rows:
-        label = f"{caller} called {line:<{line_width}}  returned {outcome:<{outcome_width}}"
+        shown = outcome if isinstance(outcome, str) else visible(outcome or b"")
+        rows.append((caller, visible(line), shown, outcome == tcp_proxy.answer(line), isinstance(outcome, str)))
+    line_width = max(len(row[1]) for row in rows)
+    outcome_width = max(len(row[2]) for row in rows)
+    for caller, line, outcome, right, raised in rows:
+        label = f"{caller} called {line:<{line_width}}  {'raised' if raised else 'returned'} {outcome:<{outcome_width}}"
         svg.text(16, y, label, 13, INK)
-        svg.text(16 + text_width(label, 13) + 12, y, "its own reply" if right else "WRONG", 13,
-                 GREEN if right else RED, bold=True)
+        verdict = "gave up" if raised else ("its own reply" if right else "WRONG")
+        svg.text(16 + text_width(label, 13) + 12, y, verdict, 13, MUTED if raised else GREEN if right else RED,
+                 bold=True)
         y += 22
+    return y
+
+
+def draw_tagged_out_of_order(recorder):
+    title = "Part three, scenario 5: request ids, three calls over one connection"
+    svg = Svg(title)
+    y = heading(svg, [title, "each request goes out as <id> <line>; the upstream answers in its own order, "
+                             "and the client's reader gives each reply to the call that owns its id"])
+    events = scenario_events(recorder, "out-of-order")
+    bottom, wire_order, owners = draw_tagged_sequence(svg, y + 16, events)
+    svg.text(16, bottom + 28, f"ids went out {', '.join(map(str, sorted(owners)))}; replies came back "
+             f"{', '.join(map(str, wire_order))}: not the order asked", 13, RED, bold=True)
+    draw_results(svg, bottom + 56, events, owners)
+    return svg
+
+
+def draw_head_of_line(recorder):
+    title = "Part three, scenario 6: a slow key and the fast keys behind it"
+    svg = Svg(title)
+    y = heading(svg, [title, "the upstream holds the reply to GET slow (a hook, not a sleep) until the "
+                             "fast calls are done; the same four requests, with ids and without"])
+    events = scenario_events(recorder, "slow-key")
+    svg.text(16, y + 14, "with ids: TaggedClient, one connection, each call on its own thread", 14, INK, bold=True)
+    bottom, wire_order, owners = draw_tagged_sequence(svg, y + 46, events, sends_first=True)
+    svg.text(16, bottom + 22, "requests drawn first, then the replies in the order the client's reader took "
+             "them (a quick reply may come back before the next request is sent)", 11, MUTED)
+    bottom += 22
+    slow_id = next(request_id for request_id, (_, line) in owners.items() if line == b"GET slow")
+    passed = [request_id for request_id in wire_order[:wire_order.index(slow_id)]]
+    svg.text(16, bottom + 28, f"id {slow_id} (GET slow) went out first and came back last: "
+             f"ids {', '.join(map(str, passed))} passed it", 13, GREEN, bold=True)
+    y = draw_results(svg, bottom + 56, events, owners) + 30
+    untagged = [e[1:] for e in events if e[0].startswith("upstream") and e[1] is False]
+    kinds = [e[0] for e in events if e[0].startswith("upstream") and e[1] is False]
+    reads = [line for kind, (_, line) in zip(kinds, untagged) if kind == "upstream read"]
+    readies = [key for kind, (_, key) in zip(kinds, untagged) if kind == "upstream ready"]
+    writes = [line for kind, (_, line) in zip(kinds, untagged) if kind == "upstream wrote"]
+    held = next(key for key in readies if key == "slow")
+    ready_first = sorted(readies[:readies.index(held)])
+    svg.text(16, y, "without ids: the untagged twin, the four requests pipelined in order on one socket", 14,
+             INK, bold=True)
+    y += 34
+    svg.text(16, y, "read", 13, MUTED)
+    x = 16 + text_width("written ", 13)
+    for line in reads:
+        x += svg.bytes_box(x, y - 17, line.encode() + b"\n", UPSTREAM, 13) + 4
+    y += 40
+    svg.text(16, y, f"while GET {held} is held: replies ready {len(ready_first)} "
+             f"({', '.join(ready_first)}), written 0: each waits its turn behind GET {held}", 13, RED, bold=True)
+    y += 36
+    svg.text(16, y, "written", 13, MUTED)
+    x = 16 + text_width("written ", 13)
+    for index, line in enumerate(writes):
+        late = index > 0
+        x += svg.bytes_box(x, y - 17, line.encode() + b"\n", UPSTREAM, 13, wrong=late) + 4
+    y += 30
+    svg.text(16, y, f"in order, only after GET {held}: the fast replies (red outline) waited for it", 13, RED)
     return svg
 
 
@@ -431,12 +535,18 @@ def draw_tagged_out_of_order(recorder):
 PICTURES = {   # file name -> (run the scenarios: (Recorder, what they printed), draw from the Recorder)
     "part3-redis-line-pool.svg": (record_redis_pools, draw_redis_line_pool),
     "part3-tagged-out-of-order.svg": (record_tagged, draw_tagged_out_of_order),
+    "part3-head-of-line.svg": (record_tagged, draw_head_of_line),
 }
 
 
 def render_all():
-    """Run each picture's scenarios and draw it; return {file name: SVG text}."""
-    return {name: draw(record()[0]).render() for name, (record, draw) in PICTURES.items()}
+    """Run each picture's scenarios (once, however many pictures share them) and draw
+    it; return {file name: SVG text}."""
+    runs = {}
+    for record, _ in PICTURES.values():
+        if record not in runs:
+            runs[record] = record()[0]
+    return {name: draw(runs[record]).render() for name, (record, draw) in PICTURES.items()}
 
 
 def main(argv=None):

@@ -21,11 +21,14 @@ HERE = Path(__file__).parent
 WRAPPED = [(FramedProxy, "handle"), (FramedProxy, "exchange"), (FramedProxy, "read_reply"),
            (tcp_proxy, "more_of_reply"), (tagged.TaggedClient, "__init__"), (tagged.TaggedClient, "call"),
            (tagged.TaggedClient, "count"), (socket.socket, "sendall"), (tagged, "read_lines"),
-           (tagged.TaggedUpstream, "count")]
+           (tagged.TaggedUpstream, "count"), (tagged, "key_of")]
 NEEDS_REDIS = {"part3-redis-line-pool.svg"}
 SECTIONS = {   # picture -> the transcript sections its run prints
     "part3-redis-line-pool.svg": ["A pool that frames Redis replies by line: the tail goes to the next borrower",
                                   "The pool framed by RESP: 0 wrong"],
+    "part3-head-of-line.svg": ["Request ids: replies out of order, each to its caller",
+                               "A slow key and the fast keys behind it",
+                               "A timed-out call's late reply, dropped by id"],
     "part3-tagged-out-of-order.svg": ["Request ids: replies out of order, each to its caller",
                                       "A slow key and the fast keys behind it",
                                       "A timed-out call's late reply, dropped by id"],
@@ -97,3 +100,15 @@ def test_the_out_of_order_recording_has_ids_1_2_3_out_and_replies_3_1_2_back(run
         ("A", b"1 GET alpha\n"), ("B", b"2 GET bravo\n"), ("C", b"3 GET charlie\n")]
     assert [event[1] for event in events if event[0] == "got"] == [
         b"3 charlie=CCCCCCCCCCCC", b"1 alpha=AAAAAAAAAAAA", b"2 bravo=BBBBBBBBBBBB"]
+
+
+def test_the_slow_key_recording_has_the_fast_replies_pass_it_with_ids_and_wait_behind_it_without(runs):
+    recorder = run_of(runs, "part3-head-of-line.svg")[0]
+    events = pictures_part3.scenario_events(recorder, "slow-key")
+    assert [tagged.parse_tagged(event[1])[0] for event in events if event[0] == "got"] == [2, 3, 4, 1]
+    untagged = [event for event in events if event[0].startswith("upstream") and event[1] is False]
+    first_write = next(index for index, event in enumerate(untagged) if event[0] == "upstream wrote")
+    assert sorted(event[2] for event in untagged[:first_write] if event[0] == "upstream ready") == [
+        "a", "b", "c", "slow"]
+    assert [event[2] for event in untagged if event[0] == "upstream wrote"] == [
+        "slow=SSSSSSSSSSSS", "a=AAAAAAAAAAAA", "b=BBBBBBBBBBBB", "c=CCCCCCCCCCCC"]
