@@ -24,6 +24,8 @@ Map of the module, in reading order:
                            coming back in another order, each to the caller of its id
     draw_head_of_line      part3-head-of-line.svg: a held key with ids (the fast replies
                            pass it) against the untagged twin (they wait behind it)
+    draw_late_reply        part3-late-reply.svg: a call gives up; its reply, late, is
+                           dropped by id while the connection serves the next calls
     PICTURES, render_all(), main()
 
 Same bytes on every run: no port, time or id in a picture. A pool of one connection
@@ -270,6 +272,7 @@ def record_tagged():
 
     Logged, per scenario (callers are named A, B, C ... in the order they first call):
       scenario (name,)           a scenario begins
+      connected ()               a TaggedClient opened its one connection
       sent (caller, data)        a TaggedClient is about to write a request: `<id> <line>`,
                                  logged before sendall(), so before the upstream can answer it
       timeout (caller,)          the caller's call gave up (CallTimeout)
@@ -309,6 +312,7 @@ def record_tagged():
         def __init__(client, *args, **options):
             original(client, *args, **options)
             client_sockets.append(client.sock)
+            recorder.log("connected")
         return __init__
 
     def wrap_call(original):
@@ -424,8 +428,9 @@ def draw_tagged_sequence(svg, top, events, upstream_label="TaggedUpstream", send
         elif event[0] == "timeout":
             caller = event[1]
             y += 30
-            svg.text(lane[caller] + 10, y, f"{caller} gives up: CallTimeout; its id is abandoned, not reused",
-                     13, RED, bold=True)
+            label = f"{caller} gives up: CallTimeout; its id is abandoned, not reused"
+            svg.rect(lane[caller] + 6, y - 15, text_width(label, 13) + 8, 20, "#ffffff")   # over the lifelines
+            svg.text(lane[caller] + 10, y, label, 13, RED, bold=True)
         elif event[0] == "got":
             line = event[1]
             reply_id, _ = tagged.parse_tagged(line)
@@ -435,9 +440,9 @@ def draw_tagged_sequence(svg, top, events, upstream_label="TaggedUpstream", send
             if caller in gave_up:
                 svg.arrow(upstream_x - 6, y, client_x + 6, y, RED, 2.5)
                 svg.bytes_box(label_x, y - 30, line + b"\n", caller, 13, wrong=True)
-                svg.text(client_x, y + 18, f"id {reply_id}: no call is owed it any more: dropped", 12, RED,
+                svg.text(client_x + 6, y + 20, f"id {reply_id}: no call is owed it any more: dropped", 12, RED,
                          bold=True)
-                y += 14
+                y += 24
             else:
                 svg.arrow(upstream_x - 6, y, lane[caller] + 6, y, colours(caller)[1], 2)
                 svg.bytes_box(label_x, y - 30, line + b"\n", caller, 13)
@@ -530,12 +535,31 @@ def draw_head_of_line(recorder):
     return svg
 
 
+def draw_late_reply(recorder):
+    title = "Part three, scenario 7: a timed-out call's late reply, dropped by id"
+    svg = Svg(title)
+    y = heading(svg, [title, "the upstream holds the reply to GET slow until the call has given up and the "
+                             "next request is on the wire; then it writes both"])
+    events = scenario_events(recorder, "late-reply")
+    bottom, wire_order, owners = draw_tagged_sequence(svg, y + 16, events)
+    dropped = sum(e[0] == "dropped" for e in events)
+    connections = sum(e[0] == "connected" for e in events)
+    later = [request_id for request_id in wire_order if owners[request_id][0] not in
+             {e[1] for e in events if e[0] == "timeout"}]
+    svg.text(16, bottom + 28, f"late replies dropped by id: {dropped}; the connection served on: ids "
+             f"{', '.join(map(str, later))} went to their callers; connections opened: {connections}", 13,
+             GREEN, bold=True)
+    draw_results(svg, bottom + 56, events, owners)
+    return svg
+
+
 # --- the pictures, and the command line ------------------------------------------------
 
 PICTURES = {   # file name -> (run the scenarios: (Recorder, what they printed), draw from the Recorder)
     "part3-redis-line-pool.svg": (record_redis_pools, draw_redis_line_pool),
     "part3-tagged-out-of-order.svg": (record_tagged, draw_tagged_out_of_order),
     "part3-head-of-line.svg": (record_tagged, draw_head_of_line),
+    "part3-late-reply.svg": (record_tagged, draw_late_reply),
 }
 
 

@@ -29,6 +29,9 @@ SECTIONS = {   # picture -> the transcript sections its run prints
     "part3-head-of-line.svg": ["Request ids: replies out of order, each to its caller",
                                "A slow key and the fast keys behind it",
                                "A timed-out call's late reply, dropped by id"],
+    "part3-late-reply.svg": ["Request ids: replies out of order, each to its caller",
+                             "A slow key and the fast keys behind it",
+                             "A timed-out call's late reply, dropped by id"],
     "part3-tagged-out-of-order.svg": ["Request ids: replies out of order, each to its caller",
                                       "A slow key and the fast keys behind it",
                                       "A timed-out call's late reply, dropped by id"],
@@ -112,3 +115,13 @@ def test_the_slow_key_recording_has_the_fast_replies_pass_it_with_ids_and_wait_b
         "a", "b", "c", "slow"]
     assert [event[2] for event in untagged if event[0] == "upstream wrote"] == [
         "slow=SSSSSSSSSSSS", "a=AAAAAAAAAAAA", "b=BBBBBBBBBBBB", "c=CCCCCCCCCCCC"]
+
+
+def test_the_late_reply_recording_drops_id_1_after_its_call_gave_up_and_serves_ids_2_and_3(runs):
+    recorder = run_of(runs, "part3-late-reply.svg")[0]
+    events = pictures_part3.scenario_events(recorder, "late-reply")
+    shown = [(event[0], *event[1:]) for event in events if event[0] in ("sent", "timeout", "got", "dropped")]
+    assert shown == [("sent", "A", b"1 GET slow\n"), ("timeout", "A"), ("sent", "B", b"2 GET next\n"),
+                     ("got", b"1 slow=SSSSSSSSSSSS"), ("dropped",), ("got", b"2 next=NNNNNNNNNNNN"),
+                     ("sent", "C", b"3 GET after\n"), ("got", b"3 after=AAAAAAAAAAAA")]
+    assert sum(event[0] == "connected" for event in events) == 1
