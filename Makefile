@@ -1,6 +1,6 @@
 # make test   - a virtual environment with the test requirements, redis-server, then the whole suite
 # make check  - test, then both transcripts' determinism under load, then originality
-# make pictures - run the scenarios and redraw pictures/*.svg from what they recorded
+# make pictures - run the scenarios and redraw pictures/*.svg from what they recorded (Part three's need redis-server)
 PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
@@ -61,6 +61,7 @@ golden:
 # Redraw the pictures from the scenarios' runs; look at them before committing.
 pictures:
 	$(PYTHON) pictures.py
+	$(PYTHON) pictures_part3.py
 
 bench:
 	$(PYTHON) bench.py
