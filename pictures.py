@@ -1327,12 +1327,14 @@ def render_all(runs=None):
     return {name: draw(runs[name][0]).render() for name, (_, draw) in PICTURES.items()}
 
 
-def main(argv=None):
+def main(argv=None, render=None):
+    """Write the pictures `render()` draws (this module's: render_all) into pictures/,
+    or with --check compare them and exit 1 if any differs."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="compare with pictures/, write nothing")
     options = parser.parse_args(argv)
     stale = []
-    for name, svg in render_all().items():
+    for name, svg in (render or render_all)().items():
         path = PICTURES_DIR / name
         if options.check:
             if not path.exists() or path.read_text(encoding="utf-8") != svg:

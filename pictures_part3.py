@@ -33,16 +33,16 @@ lends it to one borrower at a time, so the order of the logged reads is the orde
 the borrowers held it; Redis answers one connection's commands in order, so the
 n-th reply on a connection answers the n-th request sent on it.
 """
-import argparse
 import socket
 import sys
 
 import demo
+import pictures
 import part3_demo
 import resp
 import tagged
 import tcp_proxy
-from pictures import (GREEN, INK, MUTED, PICTURES_DIR, RED, RED_FILL, HERE, Recorder, Svg, colours,
+from pictures import (GREEN, INK, MUTED, RED, RED_FILL, Recorder, Svg, colours,
                       heading, run_quietly, text_width, visible)
 from tcp_proxy import FramedProxy
 
@@ -574,25 +574,10 @@ def render_all():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="compare with pictures/, write nothing")
-    options = parser.parse_args(argv)
     if not part3_demo.redis_available():
         print(part3_demo.INSTALL_HINT)
         return 1
-    stale = []
-    for name, svg in render_all().items():
-        path = PICTURES_DIR / name
-        if options.check:
-            if not path.exists() or path.read_text(encoding="utf-8") != svg:
-                stale.append(name)
-        else:
-            PICTURES_DIR.mkdir(exist_ok=True)
-            path.write_text(svg, encoding="utf-8")
-            print(f"wrote {path.relative_to(HERE)}")
-    for name in stale:
-        print(f"pictures/{name} differs from what the scenario draws now: run `make pictures`")
-    return 1 if stale else 0
+    return pictures.main(argv, render=render_all)
 
 
 if __name__ == "__main__":
