@@ -8,8 +8,9 @@ Map of the module, in reading order (COMMENTARY.md walks it in the same order):
 
     answer(), read_lines()   the line protocol: GET key -> key=VVVVVVVVVVVV, PING -> PONG
     Hooks                    scaffolding: counters of real events, and wait_<counter>(n)
-    Server                   scaffolding: listen on 127.0.0.1:0, a thread per connection,
-                             close() joins every thread and closes every socket
+    Server                   scaffolding: listen on 127.0.0.1:0, a thread per connection
+                             (on Linux, all of them on one CPU: see _serve), close()
+                             joins every thread and closes every socket
     Upstream                 the server behind every proxy; it frames its input honestly
     Relay                    the pump shared by the two protocol-blind relays
     NaiveProxy               one upstream socket shared by all clients; replies go to the
@@ -32,6 +33,7 @@ The order a request takes through FramedProxy:
 import collections
 import contextlib
 import itertools
+import os
 import queue
 import select
 import socket
@@ -80,8 +82,7 @@ def read_lines(sock, on_bytes=lambda n: None):
             yield line
         if len(buffer) > MAX_LINE:
             raise LineTooLong(f"line longer than {MAX_LINE} bytes")
-        data = recv(sock)
-        if not data:
+        if not (data := recv(sock)):
             return
         on_bytes(len(data))
         buffer += data
@@ -90,8 +91,7 @@ def read_lines(sock, on_bytes=lambda n: None):
 def more_of_reply(sock):
     """The next bytes of a reply. EOF before the reply's end is an error, and so is
     silence longer than the socket's timeout (TimeoutError)."""
-    data = sock.recv(CHUNK)
-    if not data:
+    if not (data := sock.recv(CHUNK)):
         raise ConnectionResetError("upstream closed mid-reply")
     return data
 
@@ -150,6 +150,7 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
     counters = {"connections": 0, "opened": 0}
     # connections  accepted on .addr; bumped by the accept loop
     # opened       opened by this object to its upstream; bumped by connect()
+    one_cpu = hasattr(os, "sched_setaffinity")   # each connection's threads on one CPU (Linux): _serve()
 
     def __init__(self):
         super().__init__()
@@ -163,7 +164,7 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
         """Listen on addr (port 0: a free port, then in .addr) and start accepting."""
         self._listener = socket.create_server(addr, backlog=1024)
         self.addr = self._listener.getsockname()
-        self._acceptor = self.spawn(self._accept_loop)
+        self.spawn(self._accept_loop)
 
     def handle(self, conn):
         """Serve one accepted connection until it ends; each subclass says how."""
@@ -181,6 +182,11 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
             self.spawn(self._serve, conn)
 
     def _serve(self, conn):
+        if self.one_cpu:
+            # One thread at a time runs Python (the GIL), so threads spread over two CPUs pass it
+            # back and forth with wake-ups sent from core to core; on one CPU each hand-off is a
+            # plain switch. That halves a relay's CPU per request (BENCH.md, "Alternatives").
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})   # threads it starts inherit it
         try:
             with contextlib.suppress(OSError):   # a peer that vanished mid-conversation is owed nothing
                 try:
@@ -235,8 +241,7 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
             self._lock.notify_all()
         with self._changed:   # hook waiters too (Upstream's gate) must see `closed`
             self._changed.notify_all()
-        shutdown(self._listener)   # wakes accept(), which now finds `closed`
-        self._acceptor.join()
+        shutdown(self._listener)   # wakes accept(), which now finds `closed`, and ends
         while alive := [t for t in self._threads if t.is_alive()]:
             for thread in alive:   # joined threads may have spawned others: look again
                 thread.join()
@@ -441,8 +446,7 @@ class FramedProxy(Server):
     def checkout(self):
         """Lend an idle connection that is quiet, else open one below the cap, else wait."""
         with self._pool:
-            while not (self.idle or self.open < self.pool_cap or self.closed):
-                self._pool.wait()
+            self._pool.wait_for(lambda: self.idle or self.open < self.pool_cap or self.closed)
             if self.closed:
                 raise ConnectionAbortedError("proxy closed")
             while self.idle:   # each one that is not quiet is closed, freeing its slot
