@@ -162,7 +162,8 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
 
     def listen(self, addr):
         """Listen on addr (port 0: a free port, then in .addr) and start accepting."""
-        self._listener = socket.create_server(addr, backlog=1024)
+        # the longest accept queue the system allows: a connect that finds it full is lost
+        self._listener = socket.create_server(addr, backlog=socket.SOMAXCONN)
         self.addr = self._listener.getsockname()
         self.spawn(self._accept_loop)
 
