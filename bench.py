@@ -13,7 +13,7 @@ Map of the module, in reading order:
     Uncounted..., NotifyIfWaited..., SplicePassthroughProxy, OneThreadPassthroughProxy
                        the alternatives to PassthroughProxy's mechanism, each a
                        change to its pump or its threads; build_server() runs any of
-                       them, and any proxy, with one_cpu off ("threads not pinned"),
+                       them, and any proxy, unpinned (sockets_per_cpu=0, "not pinned"),
                        or its whole process on one CPU ("pinned-passthrough")
     NaglePassthroughProxy, DistantUpstream, ProfiledThreads
                        a relay without TCP_NODELAY, an upstream whose delays
@@ -81,7 +81,7 @@ SCALE_CLIENTS = (1000, 5000)       # scale: clients at once (--quick: the first 
 SCALE_POOL_CAP = 8
 SCALE_ACCEPT_TIMEOUT = 60.0        # seconds the proxy may take to accept every client
 START_TIMEOUT = 10.0               # seconds a server process may take to listen
-STOP_TIMEOUT = 60.0                # seconds it may take to close (joining 10,000 threads)
+STOP_TIMEOUT = 60.0                # seconds it may take to report and close (10,000 threads)
 REPLY_GRACE = 10.0                 # seconds past its deadline a round may wait for replies
 PROCESSES = multiprocessing.get_context("spawn")   # a clean child: its RSS is its own
 
@@ -106,7 +106,7 @@ class LeanUpstream(Server):
     thread per connection. Upstream costs about four times as much CPU per
     request, enough to become the bottleneck and hide what a relay costs. Its
     threads go wherever the OS puts them, as socat's do: only the relay is measured."""
-    one_cpu = False
+    sockets_per_cpu = 0
 
     def handle(self, conn):
         buffer = b""
@@ -273,8 +273,8 @@ def build_server(kind, upstream_addr, options):
     server_class = classes[kind]
     if options.get("profile"):
         server_class = type("Profiled" + server_class.__name__, (ProfiledThreads, server_class), {})
-    if options.get("one_cpu") is False:   # its connections' threads wherever the OS puts them
-        server_class = type("Unpinned" + server_class.__name__, (server_class,), {"one_cpu": False})
+    if options.get("sockets_per_cpu") == 0:   # its connections' threads wherever the OS puts them
+        server_class = type("Unpinned" + server_class.__name__, (server_class,), {"sockets_per_cpu": 0})
     if kind == "upstream":
         delay = options.get("reply_delay")
         return server_class(pause=(lambda number: time.sleep(delay)) if delay else None)
@@ -407,7 +407,7 @@ class ServiceProcess(Running):
         if self.report is not None or not self.process.is_alive():
             return self.report
         self.pipe.send("stop")
-        self.report = self.pipe.recv() if self.pipe.poll(START_TIMEOUT) else {}
+        self.report = self.pipe.recv() if self.pipe.poll(STOP_TIMEOUT) else {}
         self.process.join(STOP_TIMEOUT)
         if self.process.is_alive():
             self.process.kill()
@@ -825,7 +825,7 @@ def overhead(repetitions, seconds, notes):
     return {"rows": rows, "repetitions": repetitions, "seconds_each": seconds}
 
 
-UNPINNED = {"one_cpu": False}
+UNPINNED = {"sockets_per_cpu": 0}
 ALTERNATIVES = (("PassthroughProxy as it is (one CPU)", "passthrough", {}),
                 ("threads not pinned", "passthrough", UNPINNED),
                 ("not pinned, no counting in the pumps", "uncounted-passthrough", UNPINNED),
@@ -970,8 +970,10 @@ def scale_row(label, relay, upstream, client_count, upstream_connections):
             close_clients(clients)
     if memory_and_threads:
         peak_rss_mb, peak_threads = memory_and_threads
-    else:
+    elif relay.report:
         peak_rss_mb, peak_threads = relay.report["peak_rss_mb"], relay.report["peak_threads"]
+    else:
+        raise RuntimeError(f"{label} did not report within {STOP_TIMEOUT:.0f} s of being stopped")
     return {"relay": label, "clients": client_count, "answered": measured.answered, "wrong": measured.wrong,
             "lost": len(failures) + measured.unanswered, "connected_ms": connected_seconds * 1e3,
             "accepted_ms": accepted_seconds * 1e3, "p50_ms": measured.percentile(0.50) * 1e3,

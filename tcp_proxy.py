@@ -9,8 +9,8 @@ Map of the module, in reading order (COMMENTARY.md walks it in the same order):
     answer(), read_lines()   the line protocol: GET key -> key=VVVVVVVVVVVV, PING -> PONG
     Hooks                    scaffolding: counters of real events, and wait_<counter>(n)
     Server                   scaffolding: listen on 127.0.0.1:0, a thread per connection
-                             (on Linux, all of them on one CPU: see _serve), close()
-                             joins every thread and closes every socket
+                             (on Linux, one CPU's: see _serve), close() joins every
+                             thread and closes every socket
     Upstream                 the server behind every proxy; it frames its input honestly
     Relay                    the pump shared by the two protocol-blind relays
     NaiveProxy               one upstream socket shared by all clients; replies go to the
@@ -137,8 +137,8 @@ class Hooks:
         raise AttributeError(attribute)
 
     def __repr__(self):
-        return f"<{type(self).__name__} " + ", ".join(
-            f"{name}={getattr(self, name)}" for name in self.counters) + ">"
+        counters = ", ".join(f"{name}={getattr(self, name)}" for name in self.counters)
+        return f"<{type(self).__name__} {counters}>"
 
 
 class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with`'s __enter__
@@ -150,7 +150,7 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
     counters = {"connections": 0, "opened": 0}
     # connections  accepted on .addr; bumped by the accept loop
     # opened       opened by this object to its upstream; bumped by connect()
-    one_cpu = hasattr(os, "sched_setaffinity")   # each connection's threads on one CPU (Linux): _serve()
+    sockets_per_cpu = 256 if hasattr(os, "sched_setaffinity") else 0   # 0: no pinning (see _serve)
 
     def __init__(self):
         super().__init__()
@@ -174,20 +174,22 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
         while not self.closed:
             try:
                 conn, _ = self._listener.accept()
-            except OSError:   # close() shut the listener down, or out of descriptors (EMFILE,
-                if not self.closed:   # ENFILE), or an aborted connect: rest a moment, go on
-                    time.sleep(ACCEPT_BACKOFF)
+            except OSError:   # out of descriptors (EMFILE, ENFILE) or an aborted connect: rest a
+                time.sleep(0 if self.closed else ACCEPT_BACKOFF)   # moment; or close() woke it
                 continue
             self.track(conn)   # after close(), track() shuts it down at once
             self.count("connections")
             self.spawn(self._serve, conn)
 
     def _serve(self, conn):
-        if self.one_cpu:
-            # One thread at a time runs Python (the GIL), so threads spread over two CPUs pass it
-            # back and forth with wake-ups sent from core to core; on one CPU each hand-off is a
-            # plain switch. That halves a relay's CPU per request (BENCH.md, "Alternatives").
-            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})   # threads it starts inherit it
+        if self.sockets_per_cpu:
+            # One thread at a time runs Python (the GIL). Threads spread over two CPUs pass it on
+            # with wake-ups sent from core to core, which costs a relay about half its CPU; on one
+            # CPU each hand-off is a plain switch. So connections fill one CPU until the server
+            # holds sockets_per_cpu more sockets, then the next: thousands of threads woken at
+            # once never crowd one run queue (BENCH.md, "Which mechanism costs what").
+            cpus = sorted(os.sched_getaffinity(0))   # the accept loop's: every CPU allowed
+            os.sched_setaffinity(0, {cpus[len(self._sockets) // self.sockets_per_cpu % len(cpus)]})
         try:
             with contextlib.suppress(OSError):   # a peer that vanished mid-conversation is owed nothing
                 try:

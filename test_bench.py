@@ -179,7 +179,7 @@ def test_lean_upstream_answers_lines_however_they_were_cut():
 
 @pytest.mark.parametrize("relay_class", [
     bench.UncountedPassthroughProxy, bench.NotifyIfWaitedPassthroughProxy, bench.SplicePassthroughProxy,
-    bench.OneThreadPassthroughProxy, type("Unpinned", (PassthroughProxy,), {"one_cpu": False})])
+    bench.OneThreadPassthroughProxy, type("Unpinned", (PassthroughProxy,), {"sockets_per_cpu": 0})])
 def test_each_alternative_relay_gives_every_client_its_own_replies(relay_class):
     with bench.LeanUpstream() as upstream, relay_class(upstream.addr) as relay:
         measured = rounds_against(relay, 4, requests_each=25)
