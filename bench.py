@@ -79,6 +79,7 @@ THREADED_CLIENTS = 8               # overhead: the row also measured with a thre
 ALTERNATIVE_CLIENTS = (1, 8, 64)   # alternatives: clients at once
 SCALE_CLIENTS = (1000, 5000)       # scale: clients at once (--quick: the first only)
 SCALE_POOL_CAP = 8
+SCALE_ROUNDS = 3                   # scale: bursts of one request per client; p50 and p99 of the median one
 SCALE_ACCEPT_TIMEOUT = 60.0        # seconds the proxy may take to accept every client
 START_TIMEOUT = 10.0               # seconds a server process may take to listen
 STOP_TIMEOUT = 60.0                # seconds it may take to report and close (10,000 threads)
@@ -951,9 +952,10 @@ def pipelining(repetitions, notes):
 
 
 def scale_row(label, relay, upstream, client_count, upstream_connections):
-    """client_count clients connect at once to relay, then each sends one request;
-    the requests go out once the relay has accepted every client and the
-    upstream has accepted upstream_connections(clients connected)."""
+    """client_count clients connect at once to relay, then each sends one request,
+    SCALE_ROUNDS times; the requests go out once the relay has accepted every
+    client and the upstream has accepted upstream_connections(clients connected).
+    One burst's p99 moves by half from run to run: the row gives the median burst's."""
     failures = []
     with relay:
         started = time.perf_counter()
@@ -964,7 +966,7 @@ def scale_row(label, relay, upstream, client_count, upstream_connections):
                 relay.wait_for("connections", len(clients), timeout=SCALE_ACCEPT_TIMEOUT)
             upstream.wait_for("connections", upstream_connections(len(clients)), timeout=SCALE_ACCEPT_TIMEOUT)
             accepted_seconds = time.perf_counter() - started
-            measured = exchange_rounds(clients, 1)
+            rounds = [exchange_rounds(clients, 1) for _ in range(SCALE_ROUNDS)]
             memory_and_threads = None if isinstance(relay, ServiceProcess) else relay.memory_and_threads()
         finally:
             close_clients(clients)
@@ -974,11 +976,14 @@ def scale_row(label, relay, upstream, client_count, upstream_connections):
         peak_rss_mb, peak_threads = relay.report["peak_rss_mb"], relay.report["peak_threads"]
     else:
         raise RuntimeError(f"{label} did not report within {STOP_TIMEOUT:.0f} s of being stopped")
-    return {"relay": label, "clients": client_count, "answered": measured.answered, "wrong": measured.wrong,
-            "lost": len(failures) + measured.unanswered, "connected_ms": connected_seconds * 1e3,
-            "accepted_ms": accepted_seconds * 1e3, "p50_ms": measured.percentile(0.50) * 1e3,
-            "p99_ms": measured.percentile(0.99) * 1e3, "peak_threads": peak_threads,
-            "peak_rss_mb": peak_rss_mb, "failures": failures[:3]}
+    return {"relay": label, "clients": client_count, "rounds": len(rounds),
+            "answered": sum(measured.answered for measured in rounds),
+            "wrong": sum(measured.wrong for measured in rounds),
+            "lost": len(failures) + sum(measured.unanswered for measured in rounds),
+            "connected_ms": connected_seconds * 1e3, "accepted_ms": accepted_seconds * 1e3,
+            "p50_ms": statistics.median(measured.percentile(0.50) for measured in rounds) * 1e3,
+            "p99_ms": statistics.median(measured.percentile(0.99) for measured in rounds) * 1e3,
+            "peak_threads": peak_threads, "peak_rss_mb": peak_rss_mb, "failures": failures[:3]}
 
 
 def scale(client_counts, notes):
@@ -1162,7 +1167,8 @@ def render_pipelining(section):
 def render_scale(section):
     return table(
         "Scale: the clients connect at once (connected: every connect() returned; accepted: the proxy "
-        "accepted all), then each sends one request; lost: a connect that failed or a request unanswered",
+        f"accepted all), then each sends one request, {SCALE_ROUNDS} times; p50 and p99 of the median "
+        "burst; lost: a connect that failed or a request unanswered",
         ["relay", "clients", "answered", "wrong", "lost", "connected ms", "accepted ms", "p50 ms",
          "p99 ms", "peak threads", "peak RSS MB"],
         [[row["relay"], row["clients"], row["answered"], row["wrong"], row["lost"], f"{row['connected_ms']:.0f}",
