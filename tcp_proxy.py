@@ -9,8 +9,8 @@ Map of the module, in reading order (COMMENTARY.md walks it in the same order):
     answer(), read_lines()   the line protocol: GET key -> key=VVVVVVVVVVVV, PING -> PONG
     Hooks                    scaffolding: counters of real events, and wait_<counter>(n)
     Server                   scaffolding: listen on 127.0.0.1:0, a thread per connection
-                             (on Linux, one CPU's: see _serve), close() joins every
-                             thread and closes every socket
+                             (on Linux, pinned to one CPU: see _serve), close() joins
+                             every thread and closes every socket
     Upstream                 the server behind every proxy; it frames its input honestly
     Relay                    the pump shared by the two protocol-blind relays
     NaiveProxy               one upstream socket shared by all clients; replies go to the
@@ -162,8 +162,9 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
 
     def listen(self, addr):
         """Listen on addr (port 0: a free port, then in .addr) and start accepting."""
-        # the longest accept queue the system allows: a connect that finds it full is lost
-        self._listener = socket.create_server(addr, backlog=socket.SOMAXCONN)
+        # an accept queue as long as the kernel allows (it caps the number at its own limit):
+        # a connect that finds the queue full is lost, and HAProxy opens 5,000 at once
+        self._listener = socket.create_server(addr, backlog=65535)
         self.addr = self._listener.getsockname()
         self.spawn(self._accept_loop)
 
@@ -174,8 +175,8 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
         while not self.closed:
             try:
                 conn, _ = self._listener.accept()
-            except OSError:   # out of descriptors (EMFILE, ENFILE) or an aborted connect: rest a
-                time.sleep(0 if self.closed else ACCEPT_BACKOFF)   # moment; or close() woke it
+            except OSError:   # close() woke it (then stop), or EMFILE, ENFILE, an aborted connect:
+                time.sleep(0 if self.closed else ACCEPT_BACKOFF)   # rest a moment, go on
                 continue
             self.track(conn)   # after close(), track() shuts it down at once
             self.count("connections")
@@ -184,12 +185,14 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
     def _serve(self, conn):
         if self.sockets_per_cpu:
             # One thread at a time runs Python (the GIL). Threads spread over two CPUs pass it on
-            # with wake-ups sent from core to core, which costs a relay about half its CPU; on one
-            # CPU each hand-off is a plain switch. So connections fill one CPU until the server
-            # holds sockets_per_cpu more sockets, then the next: thousands of threads woken at
+            # with wake-ups sent from core to core, a third to over half of a relay's CPU; on one
+            # CPU each hand-off is a plain switch. So a server's connections share one CPU until
+            # it holds sockets_per_cpu more sockets, then the next: thousands of threads woken at
             # once never crowd one run queue (BENCH.md, "Which mechanism costs what").
-            cpus = sorted(os.sched_getaffinity(0))   # the accept loop's: every CPU allowed
-            os.sched_setaffinity(0, {cpus[len(self._sockets) // self.sockets_per_cpu % len(cpus)]})
+            cpus = sorted(os.sched_getaffinity(os.getpid()))   # the process's, not this thread's
+            group = os.getpid() + len(self._sockets) // self.sockets_per_cpu   # processes start apart
+            with contextlib.suppress(OSError):   # a CPU taken away since: stay where the OS put it
+                os.sched_setaffinity(0, {cpus[group % len(cpus)]})
         try:
             with contextlib.suppress(OSError):   # a peer that vanished mid-conversation is owed nothing
                 try:
@@ -203,8 +206,10 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
         """Start a thread that close() will join."""
         thread = threading.Thread(target=target, args=args, daemon=True)
         with self._lock:   # started under the lock, so close() never misses it
-            if len(self._threads) % 1024 == 0:   # forget finished threads now and then, not on
-                self._threads = [t for t in self._threads if t.is_alive()]   # every accept
+            # now and then (not on every accept) forget finished threads; never once close()
+            # has begun: it scans the list, and would miss a thread added to a new one
+            if len(self._threads) % 1024 == 0 and not self.closed:
+                self._threads = [t for t in self._threads if t.is_alive()]
             self._threads.append(thread)
             thread.start()
         return thread

@@ -309,12 +309,14 @@ class AffinityRecorder(tcp_proxy.Server):
                     reason="needs Linux and two CPUs to choose from")
 def test_connections_fill_one_cpu_up_to_sockets_per_cpu_then_the_next():
     cpus = sorted(os.sched_getaffinity(0))
+    first = os.getpid() % len(cpus)   # each process starts at a CPU of its own
     with AffinityRecorder() as server, contextlib.ExitStack() as stack:
         for _ in range(3):   # open at once: 1, 2, then 3 sockets when each is served
             client = connect(stack, server.addr)
             client.send(b"hi\n")
             assert client.read_line() == b"hi\n"
-    assert server.cpus_of_each_connection == [{cpus[0]}, {cpus[1]}, {cpus[1]}]   # 1//2, 2//2, 3//2
+    groups = [first, first + 1, first + 1]   # 1//2, 2//2, 3//2 sockets per CPU
+    assert server.cpus_of_each_connection == [{cpus[group % len(cpus)]} for group in groups]
     with type("Unpinned", (AffinityRecorder,), {"sockets_per_cpu": 0})() as server, \
             contextlib.ExitStack() as stack:
         client = connect(stack, server.addr)
@@ -323,8 +325,8 @@ def test_connections_fill_one_cpu_up_to_sockets_per_cpu_then_the_next():
     assert server.cpus_of_each_connection == [set(cpus)]
 
 
-def test_module_stays_under_its_line_ceiling_at_326_lines_of_code():
-    assert code_lines(HERE / "tcp_proxy.py") == 326 <= 330
+def test_module_stays_under_its_line_ceiling_at_328_lines_of_code():
+    assert code_lines(HERE / "tcp_proxy.py") == 328 <= 330
 
 
 # --- the demo ----------------------------------------------------------------------
