@@ -614,7 +614,7 @@ class ManagedClient(ConnectionThreads):
     trusts the next reply without checking it: the bug demo scenario 1 shows.
     """
     counters = {"transitions": 0, "calls": 0, "connects": 0, "sent": 0, "written": 0, "replies": 0,
-                "discarded": 0, "errors": 0}
+                "discarded": 0, "errors": 0, "waiting": 0}
     # transitions  state changes; bumped by _move(), which logs each in transition_log
     # calls        calls begun; bumped by call() once its deadline is set
     # connects     sockets connected; bumped by _open()
@@ -623,6 +623,7 @@ class ManagedClient(ConnectionThreads):
     # replies      replies handed to callers; bumped by the reader thread
     # discarded    late replies of abandoned calls thrown away; bumped by the reader thread
     # errors       failed connections (not failed calls); bumped by _end()
+    # waiting      calls that found another call's connect under way; bumped as _await_connecting() begins
 
     def __init__(self, addr, *, rcache=None, initial_ping=False, idle_timeout=-1.0, msg_timeout=-1.0,
                  msg_timeout_is_fatal=False, clock=None, on_event=None, late_replies="discard"):
@@ -776,6 +777,7 @@ class ManagedClient(ConnectionThreads):
 
     def _await_connecting(self, connection, call):
         """Wait while another call connects; fail with that attempt's error."""
+        self.count("waiting")
         while self.connection is connection and self.state == "connecting" and not self._shut:
             ping = connection.owed[0] if connection.owed else None
             if ping and ping.expired(self.clock):

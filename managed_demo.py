@@ -224,7 +224,8 @@ def initial_ping():
             calls = [Background(client.call, b"GET secret\n"), Background(client.call, b"GET other\n")]
             client.wait_calls(2)
             upstream.wait_requests(1)
-            if silent:
+            if silent:   # both calls wait on the ping: the one that sent it, and the other
+                client.wait_waiting(2)
                 clock.advance(1.0)
             for request, call in zip(("GET secret", "GET other"), calls):
                 print(f"  {request:<10} -> {call.result()}")
