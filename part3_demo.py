@@ -152,6 +152,14 @@ def read_resp(reader):
     return reply
 
 
+def redis_and_control(stack):
+    """A private redis-server and a control connection to it, both ended as the stack unwinds."""
+    redis = stack.enter_context(RedisServer())
+    control = RedisControl(redis.addr)
+    stack.callback(control.close)
+    return redis, control
+
+
 def stored(control, values):
     """SET each key to its value; the line printed says what Redis holds."""
     for key, value in values.items():
@@ -172,9 +180,7 @@ def bulk(value):
 
 def naive_redis():
     with contextlib.ExitStack() as stack:
-        redis = stack.enter_context(RedisServer())
-        control = RedisControl(redis.addr)
-        stack.callback(control.close)
+        redis, control = redis_and_control(stack)
         stored(control, {"b": "world"})
         proxy = stack.enter_context(NaiveProxy(redis.addr))
         a, b = demo.clients(stack, proxy.addr, 2)
@@ -223,9 +229,7 @@ def whose(reply, key, values):
 def line_pool():
     values = {"a": "hello", "b": "world", "c": "again"}
     with contextlib.ExitStack() as stack:
-        redis = stack.enter_context(RedisServer())
-        control = RedisControl(redis.addr)
-        stack.callback(control.close)
+        redis, control = redis_and_control(stack)
         stored(control, values)
         pool = stack.enter_context(demo.TrustingPool(redis.addr, pool_cap=1, framing=tcp_proxy.LINES))
         crowd, replies = one_at_a_time(pool.addr, list(values), stack)
@@ -240,9 +244,7 @@ def line_pool():
 def checked_line_pool():
     values = {"a": "hello", "b": "world", "c": "again"}
     with contextlib.ExitStack() as stack:
-        redis = stack.enter_context(RedisServer())
-        control = RedisControl(redis.addr)
-        stack.callback(control.close)
+        redis, control = redis_and_control(stack)
         stored(control, values)
         proxy = stack.enter_context(FramedProxy(redis.addr, pool_cap=1, framing=tcp_proxy.LINES))
         crowd, replies = one_at_a_time(proxy.addr, list(values), stack)
@@ -261,9 +263,7 @@ def resp_pool():
     keys = [key for index in range(8) for key in demo.keys_for(index)]
     values = {key: key.upper() for key in keys}
     with contextlib.ExitStack() as stack:
-        redis = stack.enter_context(RedisServer())
-        control = RedisControl(redis.addr)
-        stack.callback(control.close)
+        redis, control = redis_and_control(stack)
         for key, value in values.items():
             control.command(f"SET {key} {value}")
         control.command("RPUSH list one two")

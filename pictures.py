@@ -93,6 +93,24 @@ class Recorder:
             return __init__
         self.wrap(demo.Client, "__init__", make)
 
+    def name_pool_requests(self):
+        """Note, per FramedProxy handler thread, the client it serves (thread.client) and
+        the request in hand (thread.request), for the wrappers that log exchanges."""
+        def make_handle(original):
+            def handle(proxy, conn):
+                self.thread.conn = conn   # named in exchange(): the client may not be named yet
+                original(proxy, conn)
+            return handle
+
+        def make_exchange(original):
+            def exchange(proxy, request):
+                self.thread.client = self.peer_name(self.thread.conn)   # it has sent: it is named
+                self.thread.request = request
+                return original(proxy, request)
+            return exchange
+        self.wrap(FramedProxy, "handle", make_handle)
+        self.wrap(FramedProxy, "exchange", make_exchange)
+
     def peer_name(self, sock):
         """The name of the demo client at the other end of a proxy's socket. Ask only
         once the client has sent something: its name is noted when its connect returns."""
@@ -602,19 +620,6 @@ def record_pool(scenario, trial_function, label_of, in_name_order=False):
     def connection_number(address):
         return trial["numbers"].setdefault(address, len(trial["numbers"]) + 1)
 
-    def wrap_handle(original):
-        def handle(proxy, conn):
-            recorder.thread.conn = conn   # named in exchange(): the client may not be named yet
-            original(proxy, conn)
-        return handle
-
-    def wrap_exchange(original):
-        def exchange(proxy, request):
-            recorder.thread.client = recorder.peer_name(recorder.thread.conn)   # it has sent: it is named
-            recorder.thread.request = request
-            return original(proxy, request)
-        return exchange
-
     def wrap_checkout(original):
         def checkout(proxy):
             client = recorder.thread.client
@@ -692,8 +697,7 @@ def record_pool(scenario, trial_function, label_of, in_name_order=False):
     with recorder:
         recorder.name_demo_clients()
         recorder.wrap(demo, trial_function, wrap_trial)
-        recorder.wrap(FramedProxy, "handle", wrap_handle)
-        recorder.wrap(FramedProxy, "exchange", wrap_exchange)
+        recorder.name_pool_requests()
         recorder.wrap(FramedProxy, "checkout", wrap_checkout)
         recorder.wrap(FramedProxy, "read_reply", wrap_read_reply)
         recorder.wrap(FramedProxy, "count", wrap_count)

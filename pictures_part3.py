@@ -80,19 +80,6 @@ def record_redis_pools():
             return function()
         return run
 
-    def wrap_handle(original):
-        def handle(proxy, conn):
-            recorder.thread.conn = conn
-            original(proxy, conn)
-        return handle
-
-    def wrap_exchange(original):
-        def exchange(proxy, request):
-            recorder.thread.client = recorder.peer_name(recorder.thread.conn)   # it has sent: it is named
-            recorder.thread.request = request
-            return original(proxy, request)
-        return exchange
-
     def wrap_read_reply(original):
         def read_reply(proxy, sock, buffer=b""):
             recorder.thread.sock = sock
@@ -111,8 +98,7 @@ def record_redis_pools():
 
     with recorder:
         recorder.name_demo_clients()
-        recorder.wrap(FramedProxy, "handle", wrap_handle)
-        recorder.wrap(FramedProxy, "exchange", wrap_exchange)
+        recorder.name_pool_requests()
         recorder.wrap(FramedProxy, "read_reply", wrap_read_reply)
         recorder.wrap(tcp_proxy, "more_of_reply", wrap_more_of_reply)
         _, printed = run_quietly(lambda: [scenario("line-pool", part3_demo.line_pool)(),
