@@ -1,4 +1,6 @@
-"""Shared test guards: no test may leave a thread running or a socket unclosed.
+"""Shared test guards and helpers.
+
+The guard: no test may leave a thread running or a socket unclosed.
 
 An open socket that is dropped warns (ResourceWarning) when it is freed. Reference
 counting frees most at once; one caught in a reference cycle waits for the cycle
@@ -9,13 +11,18 @@ which an unclosed socket can be lying in unreachable garbage. A socket still ope
 after that collection is reachable, and left open: that fails the test too.
 """
 import gc
+import os
+import re
+import shutil
 import socket
 import threading
 import warnings
 import weakref
+from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).parent   # the project's root: transcripts/, pictures/, the card's files
 pytest_plugins = ["pytester"]   # test_conftest.py runs this guard on tests that leak
 
 made_during_test = weakref.WeakSet()   # every socket.socket made since the running test began
@@ -52,3 +59,21 @@ def no_leaks():
     assert not unclosed, f"resources left open: {unclosed}"
     still_open = open_sockets()
     assert not still_open, f"sockets left open: {still_open}"
+
+
+# --- helpers the test files share (imported as `from conftest import ...`) -------------
+
+def need_redis():
+    """Skip without redis-server, except in CI (CI=true), where its absence is a failure."""
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is not on PATH, and CI must run Part three's tests: "
+                        "`make redis-server` installs it")
+        pytest.skip("redis-server is not on PATH (`make redis-server` installs it)")
+
+
+def transcript_section(transcript, title):
+    """The lines a scenario printed under its `== n. title ==` line in a checked-in transcript."""
+    text = (ROOT / "transcripts" / transcript).read_text(encoding="utf-8")
+    sections = re.split(r"^== \d+\. (.*) ==\n", text, flags=re.MULTILINE)
+    return dict(zip(sections[1::2], sections[2::2]))[title].rstrip("\n") + "\n"

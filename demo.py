@@ -19,175 +19,14 @@ all: the demo names the scenario on stderr and exits 1.
 import argparse
 import contextlib
 import io
-import math
 import socket
 import statistics
 import sys
-import threading
 
-from tcp_proxy import LINES, MAX_LINE, FramedProxy, NaiveProxy, PassthroughProxy, Upstream, answer
-
-CLIENT_NAMES = "ABCDEFGH"
-KEY_WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
-ROUNDS = 3   # requests per client in the many-client scenarios
-READ_TIMEOUT = 10.0   # a demo client that waits longer than this has found a bug
-
-
-# --- the demo's clients -------------------------------------------------------
-
-class Client:
-    """One demo client: a named socket that remembers what it sent."""
-
-    def __init__(self, name, addr, timeout=READ_TIMEOUT):
-        self.name, self.sent, self.unread = name, [], b""
-        self.sock = socket.create_connection(addr)
-        self.sock.settimeout(timeout)
-
-    def send(self, data):
-        self.sent.append(data)
-        self.sock.sendall(data)
-
-    def read_line(self):
-        """The next line, b"\\n" included (at EOF, what is left). A read that times out
-        raises and loses nothing: the line can still be read later."""
-        while b"\n" not in self.unread:
-            data = self.sock.recv(4096)
-            if not data:
-                line, self.unread = self.unread, b""
-                return line
-            self.unread += data
-        line, self.unread = self.unread.split(b"\n", 1)
-        return line + b"\n"
-
-    def read_to_eof(self):
-        received, self.unread = self.unread, b""
-        while data := self.sock.recv(4096):
-            received += data
-        return received
-
-    def close(self):
-        self.sock.close()
-
-
-def clients(stack, addr, count, **options):
-    """`count` connected clients named A, B, ..., closed when `stack` closes."""
-    made = [Client(name, addr, **options) for name in CLIENT_NAMES[:count]]
-    for client in made:
-        stack.callback(client.close)
-    return made
-
-
-def request(key):
-    return b"GET %s\n" % key.encode()
-
-
-def keys_for(index, rounds=ROUNDS):
-    """Client `index` asks for its own word with a round number: alpha1, alpha2, ..."""
-    return [f"{KEY_WORDS[index]}{round_number}" for round_number in range(1, rounds + 1)]
-
-
-def ask_in_turn(client, keys):
-    """Send each request and wait for one reply line; return how many were right."""
-    right = 0
-    for key in keys:
-        client.send(request(key))
-        right += client.read_line() == answer(request(key)[:-1])
-    return right
-
-
-def run_concurrently(work, *argument_lists):
-    """Run work(*arguments) for each argument list on its own thread; return the results."""
-    results = [None] * len(argument_lists)
-
-    def run(index, arguments):
-        results[index] = work(*arguments)
-
-    threads = [threading.Thread(target=run, args=(index, arguments))
-               for index, arguments in enumerate(argument_lists)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
-
-
-def show(data):
-    """Bytes as Python writes them, so every b"\\n" is visible, with their count."""
-    return f"{data!r} ({len(data)} bytes)"
-
-
-def sent_line(client):
-    return f"  {client.name} sent      " + "  then  ".join(repr(data) for data in client.sent)
-
-
-def parsed_line(upstream):
-    return "  upstream parsed  " + ", ".join(repr(line) for line in upstream.parsed)
-
-
-# --- scaffolding: a pool without its checks, an upstream that lies ----------------
-
-class TrustingPool(FramedProxy):
-    """FramedProxy with its out-of-step checks switched off: bytes read past a reply
-    wait for the next borrower as the start of its reply, and nothing is checked.
-    The pool as it was before it learnt to refuse a dirty connection."""
-
-    def __init__(self, upstream_addr, pool_cap=1, framing=LINES):
-        super().__init__(upstream_addr, pool_cap=pool_cap, framing=framing)
-        self.leftovers = {}   # upstream socket -> bytes read past its last reply
-
-    def read_reply(self, sock, buffer=b""):
-        reply, self.leftovers[sock] = super().read_reply(sock, self.leftovers.get(sock, b""))
-        return reply, b""
-
-    def in_step(self, request, reply, rest):
-        return True
-
-    def quiet(self, sock):
-        return True
-
-
-EXTRA = b"EXTRA\n"   # the line nobody asked for
-
-
-class DishonestUpstream(Upstream):
-    """An upstream that breaks the protocol in one way, its `mode`:
-      extra        every reply followed by EXTRA, in the same write
-      extra-later  every reply, then later(k) is called, then EXTRA in a write of its own
-      drop-first   the first reply is never written; the rest are
-      endless      every reply replaced by MAX_LINE + 1 bytes with no b"\\n"
-      hang-up      the connection closed after each reply
-      mid-reply    the first 6 bytes of a reply, then the connection closed
-      silent       nothing is ever written
-    """
-    MODES = ("extra", "extra-later", "drop-first", "endless", "hang-up", "mid-reply", "silent")
-    counters = {**Upstream.counters, "extras": 0}
-    # extras  lines nobody asked for, written in full; bumped after their sendall()
-
-    def __init__(self, mode, later=lambda reply_number: None, **options):
-        if mode not in self.MODES:
-            raise ValueError(f"mode is one of {self.MODES}, not {mode!r}")
-        super().__init__(**options)
-        self.mode, self.later = mode, later
-        self._written = 0   # replies this upstream has been asked to write
-
-    def reply(self, conn, data):
-        self._written += 1
-        if self.mode == "silent" or (self.mode == "drop-first" and self._written == 1):
-            return
-        if self.mode == "mid-reply":
-            conn.sendall(data[:6])
-            conn.shutdown(socket.SHUT_RDWR)
-            return
-        if self.mode == "endless":
-            data = b"x" * (MAX_LINE + 1)
-        super().reply(conn, data + EXTRA if self.mode == "extra" else data)
-        if self.mode == "extra-later":
-            self.later(self._written)
-            conn.sendall(EXTRA)
-        if self.mode.startswith("extra"):
-            self.count("extras")
-        if self.mode == "hang-up":
-            conn.shutdown(socket.SHUT_RDWR)
+from scaffolding.faults import DishonestUpstream, TrustingPool
+from scaffolding.kit import (KEY_WORDS, ROUNDS, Client, ask_in_turn, clients, keys_for,
+                             parsed_line, request, run_concurrently, sent_line, show)
+from tcp_proxy import FramedProxy, NaiveProxy, PassthroughProxy, Upstream, answer
 
 
 # --- the scenarios, in the order the commentary reads them ---------------------
@@ -500,12 +339,13 @@ def main(argv=None):
         return 0
     scenarios = SCENARIOS
     if options.managed:
-        import managed_demo   # only this flag needs the second part
+        from part2 import managed_demo   # only this flag needs the second part
         scenarios = managed_demo.SCENARIOS
     if options.part3:
-        import part3_demo   # only this flag needs Part three (and redis-server)
-        if not part3_demo.redis_available():
-            print(part3_demo.INSTALL_HINT)
+        from part3 import part3_demo   # only this flag needs Part three (and redis-server)
+        from scaffolding import redis_server
+        if not redis_server.redis_available():
+            print(redis_server.INSTALL_HINT)
             return 0
         scenarios = part3_demo.SCENARIOS
     if options.list:

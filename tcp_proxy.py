@@ -482,7 +482,7 @@ class FramedProxy(Server):
 
     def read_reply(self, sock, buffer=b""):
         """Read one reply; return it and the bytes read past its end. (`buffer`, bytes
-        read earlier, is scaffolding: only demo.TrustingPool keeps any.)
+        read earlier, is scaffolding: only scaffolding.faults.TrustingPool keeps any.)
 
         The load-bearing method: what it returns is what the client gets, and
         where it stops is where the pool believes the upstream has finished.
@@ -503,7 +503,7 @@ class FramedProxy(Server):
         return bytes(buffer), b""
 
     # The checks a production pool makes before it lends a connection again: the
-    # upstream must not have said anything out of turn. demo.TrustingPool switches
+    # upstream must not have said anything out of turn. scaffolding.faults.TrustingPool switches
     # them off, to show what they prevent; the timeout rule has no parse to check with.
 
     def in_step(self, request, reply, rest):

@@ -13,15 +13,17 @@ from pathlib import Path
 import pytest
 
 import demo
+from scaffolding import faults, kit
+from scaffolding.faults import DishonestUpstream, TrustingPool
 import tcp_proxy
-from linecount import code_lines
+from tests.linecount import code_lines
 from tcp_proxy import MAX_LINE, FramedProxy, NaiveProxy, PassthroughProxy, Upstream, answer
 
 HERE = Path(__file__).parent
 
 
 def connect(stack, addr):
-    client = demo.Client("test", addr, timeout=5)
+    client = kit.Client("test", addr, timeout=5)
     stack.callback(client.close)
     return client
 
@@ -77,8 +79,8 @@ def test_broadcast_routing_gives_both_clients_both_answers():
 
 def test_naive_relay_is_right_with_one_request_in_flight_on_one_upstream_connection():
     with Upstream() as upstream, NaiveProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
-        crowd = demo.clients(stack, proxy.addr, 8)
-        right = sum(demo.ask_in_turn(client, demo.keys_for(index))
+        crowd = kit.clients(stack, proxy.addr, 8)
+        right = sum(kit.ask_in_turn(client, kit.keys_for(index))
                     for index, client in enumerate(crowd))
         assert (right, proxy.connections, upstream.connections) == (24, 8, 1)
 
@@ -187,7 +189,7 @@ def test_client_that_vanishes_mid_request_costs_no_thread_and_no_pool_slot():
             quitter.send(b"GET alpha\n")   # gone before its reply is written back
         proxy.wait_released(1)
         with contextlib.ExitStack() as stack:
-            assert demo.ask_in_turn(connect(stack, proxy.addr), ["beta"]) == 1
+            assert kit.ask_in_turn(connect(stack, proxy.addr), ["beta"]) == 1
         assert (proxy.opened, proxy.released, proxy.discarded) == (1, 2, 0)
 
 
@@ -228,7 +230,7 @@ def test_unreachable_upstream_gives_an_err_line_and_frees_the_pool_slot():
 def test_naive_relay_whose_upstream_died_closes_a_client_that_arrives_later():
     with Upstream() as upstream, NaiveProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
         early = connect(stack, proxy.addr)
-        assert demo.ask_in_turn(early, ["alpha"]) == 1   # registered, and answered
+        assert kit.ask_in_turn(early, ["alpha"]) == 1   # registered, and answered
         upstream.close()
         assert early.read_to_eof() == b""   # told at once that the upstream has gone
         late = connect(stack, proxy.addr)
@@ -379,9 +381,9 @@ def test_race_says_its_numbers_are_one_runs_and_the_pool_makes_no_mistake(capsys
 # --- a dishonest upstream and hostile clients (issue 8) ------------------------------
 
 def test_dishonest_scenario_trusting_pool_shifts_replies_and_the_framed_pool_closes_six_dirty_connections():
-    received, proxy = demo.dishonest_trial(demo.TrustingPool)
+    received, proxy = demo.dishonest_trial(TrustingPool)
     assert received == {"A": [b"alpha1=AAAAAAAAAAAA\n", b"bravo1=BBBBBBBBBBBB\n", b"alpha2=AAAAAAAAAAAA\n"],
-                        "B": [demo.EXTRA] * 3}
+                        "B": [faults.EXTRA] * 3}
     assert (proxy.dirty, proxy.opened) == (0, 1)
     received, proxy = demo.dishonest_trial(FramedProxy)
     assert received == {"A": [answer(b"GET alpha%d" % n) for n in (1, 2, 3)],
@@ -405,10 +407,10 @@ EXACT_OUTCOMES = {"extra": (6, 0), "drop-first": (5, 1), "endless": (0, 6), "mid
                   "silent": (0, 6)}
 
 
-@pytest.mark.parametrize("mode", demo.DishonestUpstream.MODES)
+@pytest.mark.parametrize("mode", DishonestUpstream.MODES)
 def test_framed_pool_gives_each_client_its_own_reply_or_an_err_line_whatever_the_upstream_does(mode):
     later = lambda reply_number: time.sleep(0.02)   # the extra line comes 20 ms after its reply
-    with demo.DishonestUpstream(mode, later=later) as upstream, \
+    with DishonestUpstream(mode, later=later) as upstream, \
             FramedProxy(upstream.addr, pool_cap=1, reply_timeout=0.1) as proxy:
         received = take_turns(proxy.addr)
     own = [[answer(b"GET %s%d" % (name, n)) for n in (1, 2, 3)] for name in (b"a", b"b")]
@@ -422,7 +424,7 @@ def test_framed_pool_gives_each_client_its_own_reply_or_an_err_line_whatever_the
 
 
 def test_a_reply_past_max_line_is_an_err_line_and_a_dirty_connection():
-    with demo.DishonestUpstream("endless") as upstream, FramedProxy(upstream.addr) as proxy, \
+    with DishonestUpstream("endless") as upstream, FramedProxy(upstream.addr) as proxy, \
             contextlib.ExitStack() as stack:
         client = connect(stack, proxy.addr)
         client.send(b"GET alpha\n")
@@ -431,12 +433,12 @@ def test_a_reply_past_max_line_is_an_err_line_and_a_dirty_connection():
 
 
 def test_a_reply_that_answers_another_request_is_an_err_line_never_a_wrong_answer():
-    with demo.DishonestUpstream("extra-later", later=lambda n: None) as upstream, \
+    with DishonestUpstream("extra-later", later=lambda n: None) as upstream, \
             FramedProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
         client = connect(stack, proxy.addr)
         # the EXTRA after alpha's reply either waits on the idle connection (quiet() closes it)
         # or is read as beta's reply (in_step() refuses it): beta is never answered EXTRA
-        assert demo.ask_in_turn(client, ["alpha"]) == 1
+        assert kit.ask_in_turn(client, ["alpha"]) == 1
         client.send(b"GET beta\n")
         assert client.read_line() in (b"beta=BBBBBBBBBBBB\n", b"ERR upstream: out of step: b'EXTRA\\n' "
                                       b"does not answer b'GET beta\\n'\n")
@@ -444,13 +446,13 @@ def test_a_reply_that_answers_another_request_is_an_err_line_never_a_wrong_answe
 
 
 def test_an_idle_connection_that_speaks_unasked_is_closed_before_it_is_lent():
-    with demo.DishonestUpstream("extra-later") as upstream, FramedProxy(upstream.addr) as proxy, \
+    with DishonestUpstream("extra-later") as upstream, FramedProxy(upstream.addr) as proxy, \
             contextlib.ExitStack() as stack:
         upstream.later = lambda reply_number: proxy.wait_released(reply_number)   # EXTRA only once idle
         client = connect(stack, proxy.addr)
-        assert demo.ask_in_turn(client, ["alpha"]) == 1
+        assert kit.ask_in_turn(client, ["alpha"]) == 1
         upstream.wait_extras(1)   # EXTRA waits on the idle connection: a peek, not a read, finds it
-        assert demo.ask_in_turn(client, ["beta"]) == 1
+        assert kit.ask_in_turn(client, ["beta"]) == 1
         assert (proxy.dirty, proxy.opened) == (1, 2)
 
 
@@ -476,7 +478,7 @@ def test_accept_loop_survives_running_out_of_descriptors_and_serves_again_once_t
             with pytest.raises(TimeoutError):
                 crowd[-1].read_line()
         with contextlib.ExitStack() as stack:   # every client has gone: descriptors are free
-            assert demo.ask_in_turn(connect(stack, addr), ["alpha"]) == 1
+            assert kit.ask_in_turn(connect(stack, addr), ["alpha"]) == 1
     finally:
         server.stdin.close()
         assert server.wait(timeout=10) == 0
@@ -504,7 +506,7 @@ def test_close_returns_within_2_seconds_while_a_connect_waits_on_a_full_accept_q
 
 
 def test_a_silent_upstream_costs_one_err_line_after_reply_timeout_and_close_is_prompt():
-    with demo.DishonestUpstream("silent") as upstream, \
+    with DishonestUpstream("silent") as upstream, \
             FramedProxy(upstream.addr, reply_timeout=0.2) as proxy, contextlib.ExitStack() as stack:
         client = connect(stack, proxy.addr)
         client.send(b"PING\n")
@@ -562,5 +564,5 @@ def test_upstream_remembers_the_latest_1000_request_lines_and_counts_them_all():
     with Upstream() as upstream, contextlib.ExitStack() as stack:
         assert upstream.parsed.maxlen == 1000
         upstream.parsed = collections.deque(maxlen=3)
-        assert demo.ask_in_turn(connect(stack, upstream.addr), ["a", "b", "c", "d", "e"]) == 5
+        assert kit.ask_in_turn(connect(stack, upstream.addr), ["a", "b", "c", "d", "e"]) == 5
         assert (list(upstream.parsed), upstream.requests) == (["GET c", "GET d", "GET e"], 5)

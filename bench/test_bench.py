@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import bench
+from bench import bench, bench_part3
 from tcp_proxy import PassthroughProxy, Upstream
 
 
@@ -144,13 +144,6 @@ def test_absent_tools_are_skipped_with_a_note_that_says_how_to_get_them(monkeypa
     assert notes == [f"socat: skipped, not installed {get_them}", f"haproxy: skipped, not installed {get_them}"]
 
 
-def test_pipelining_without_managed_proxy_is_skipped_with_a_note(monkeypatch):
-    monkeypatch.setattr(bench, "managed", None)
-    notes = []
-    assert bench.pipelining(repetitions=1, notes=notes)["rows"] == []
-    assert notes == ["pipelining: skipped, managed.py does not import"]
-
-
 def test_a_section_that_fails_says_why_in_one_line_and_the_others_still_print(monkeypatch, capsys):
     def fails():
         raise TimeoutError("gave up waiting for connections to reach 1000\nsecond line")
@@ -195,3 +188,13 @@ def test_threaded_load_generator_counts_every_round_trip_of_every_thread():
 
 def test_bench_md_stays_within_its_size_bound():
     assert (Path(__file__).parent / "BENCH.md").stat().st_size <= 15_000   # issue 10: at most 15 KB
+
+
+# --- the head-of-line bench ----------------------------------------------------------------
+
+def test_bench_in_order_fast_replies_never_come_before_the_slow_delay_and_tagged_ones_all_come():
+    slow_latency, fast_latencies = bench_part3.in_order(0.05, 3)
+    assert slow_latency >= 0.05 and len(fast_latencies) == 3
+    assert min(fast_latencies) >= 0.05   # a lower bound, not a timing guess: they wait their turn
+    slow_latency, fast_latencies = bench_part3.tagged(0.05, 3)
+    assert slow_latency >= 0.05 and len(fast_latencies) == 3

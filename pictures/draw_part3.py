@@ -1,9 +1,7 @@
-"""pictures_part3.py: Part three's pictures, drawn from the scenarios' own runs.
+"""pictures.draw_part3: Part three's pictures, drawn from the scenarios' own runs
+(`python3 -m pictures` draws them with the others).
 
-    python3 pictures_part3.py            run the scenarios, rewrite pictures/part3-*.svg
-    python3 pictures_part3.py --check    run them, and exit 1 if a checked-in picture differs
-
-The same method as pictures.py, whose Recorder, Svg and drawing helpers this
+The same method as pictures/draw.py, whose Recorder, Svg and drawing helpers this
 module imports: each picture runs a scenario of part3_demo.py, unchanged, while
 the Recorder wraps the methods where bytes change hands, and the drawing reads
 only what the Recorder logged. test_pictures_part3.py draws every picture afresh
@@ -34,15 +32,14 @@ the borrowers held it; Redis answers one connection's commands in order, so the
 n-th reply on a connection answers the n-th request sent on it.
 """
 import socket
-import sys
 
-import demo
-import pictures
-import part3_demo
-import resp
-import tagged
+from scaffolding import kit, redis_server
+from pictures import draw as pictures
+from part3 import part3_demo
+from part3 import resp
+from part3 import tagged
 import tcp_proxy
-from pictures import (GREEN, INK, MUTED, RED, RED_FILL, Recorder, Svg, colours,
+from pictures.draw import (GREEN, INK, MUTED, RED, RED_FILL, Recorder, Svg, colours,
                       heading, run_quietly, text_width, visible)
 from tcp_proxy import FramedProxy
 
@@ -289,7 +286,7 @@ def record_tagged():
         thread-local storage, not by thread ident: a finished thread's ident is reused."""
         scenario_number, name = getattr(recorder.thread, "caller", (None, None))
         if scenario_number != callers["scenario"]:
-            name = demo.CLIENT_NAMES[callers["named"]]
+            name = kit.CLIENT_NAMES[callers["named"]]
             callers["named"] += 1
             recorder.thread.caller = (callers["scenario"], name)
         return name
@@ -560,11 +557,7 @@ def render_all():
 
 
 def main(argv=None):
-    if not part3_demo.redis_available():
-        print(part3_demo.INSTALL_HINT)
+    if not redis_server.redis_available():
+        print(redis_server.INSTALL_HINT)
         return 1
     return pictures.main(argv, render=render_all)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,11 @@
-"""bench.py: the times the demo cannot print, measured on this machine's loopback.
+"""bench.bench: the times the demo cannot print, measured on this machine's loopback.
 
-    python3 bench.py                 every section, about nine minutes
-    python3 bench.py --quick         fewer and shorter repetitions, 1,000 clients only: about a minute
-    python3 bench.py --only scale    one section (or several, comma-separated)
-    python3 bench.py --json FILE     also write every raw figure to FILE
-    python3 bench.py --profile       also profile the proxies' threads under load
-    python3 bench.py --perf          also count the futex() calls of each alternative (perf, Linux)
+    python3 -m bench                 every section, about nine minutes
+    python3 -m bench --quick         fewer and shorter repetitions, 1,000 clients only: about a minute
+    python3 -m bench --only scale    one section (or several, comma-separated)
+    python3 -m bench --json FILE     also write every raw figure to FILE
+    python3 -m bench --profile       also profile the proxies' threads under load
+    python3 -m bench --perf          also count the futex() calls of each alternative (perf, Linux)
 
 Map of the module, in reading order:
 
@@ -65,10 +65,7 @@ import time
 from tcp_proxy import (MAX_LINE, FramedProxy, LineTooLong, PassthroughProxy, Server, Upstream, answer,
                        read_lines, recv, shutdown)
 
-try:   # the reliability layer; it joins the bench when it imports
-    import managed
-except ImportError:
-    managed = None
+from part2 import managed
 
 CLIENT_COUNTS = (1, 8, 64)         # overhead: clients at once
 POOL_CAPS = (1, 8, 64)             # overhead: FramedProxy's caps
@@ -936,9 +933,6 @@ def pipelining(repetitions, notes):
     (ManagedProxy, Part two) or one request at a time (FramedProxy cap 1), with a
     pool of 8 for comparison; against a slow upstream (D of service per reply,
     which queues) and a distant one (D of latency per reply, which overlaps)."""
-    if not managed:
-        notes.append("pipelining: skipped, managed.py does not import")
-        return {"rows": [], "reply_delay_ms": REPLY_DELAY * 1e3, "repetitions": repetitions}
     upstreams = (("slow", "upstream"), ("distant", "distant-upstream"))
     relays = (("FramedProxy cap 1", "framed", {"pool_cap": 1}),
               ("ManagedProxy, 1 conn, pipelined", "managed", {"connections": 1}),
@@ -1239,7 +1233,7 @@ def main(argv=None):
     started = time.perf_counter()
     results = {"cores": os.cpu_count(), "python": platform.python_version(),
                "load_average": os.getloadavg()[0],   # other work on the machine skews every figure
-               "command": " ".join(["python3", "bench.py", *(argv if argv is not None else sys.argv[1:])]),
+               "command": " ".join(["python3", "-m", "bench", *(argv if argv is not None else sys.argv[1:])]),
                "failed": {}}
     print(f"bench.py on {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{platform.system()} {platform.release()}, load average {results['load_average']:.1f} "

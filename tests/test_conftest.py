@@ -7,7 +7,7 @@ from pathlib import Path
 
 import conftest
 
-CONFTEST = Path(__file__).parent / "conftest.py"
+CONFTEST = Path(__file__).parent.parent / "conftest.py"
 
 LEAKING_TESTS = '''
 import socket

@@ -12,13 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import managed
-from managed import (ClusterServiceUnavailable, CommunicationError, ManagedClient, ManagedError, ManagedProxy,
+from part2 import managed
+from part2.managed import (ClusterServiceUnavailable, CommunicationError, ManagedClient, ManagedError, ManagedProxy,
                      ManagedSet, MessageLost, MessageTimeout, RealClock, ReliabilityCache, ServiceUnavailable,
                      VirtualClock)
-from managed_demo import Background, FaultyUpstream, ask
+from conftest import ROOT
+from part2.managed_demo import ask, in_background
+from scaffolding.faults import FaultyUpstream
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = str(ROOT)
 A, B = ("127.0.0.2", 7001), ("127.0.0.2", 7002)   # cache keys only: nothing listens there
 OTHER_HOST = ("127.0.0.3", 7001)
 
@@ -33,7 +35,7 @@ def closed_port_addr():
 
 def test_virtual_clock_stands_still_until_advanced_then_wakes_its_sleeper():
     clock = VirtualClock(start=2.0)
-    sleeper = Background(lambda: clock.sleep(3.0) or b"woke")
+    sleeper = in_background(lambda: clock.sleep(3.0) or b"woke")
     clock.wait_sleepers(1)
     clock.advance(2.5)
     assert clock.now() == 4.5 and sleeper._thread.is_alive()
@@ -44,7 +46,7 @@ def test_virtual_clock_stands_still_until_advanced_then_wakes_its_sleeper():
 
 
 def test_every_clock_method_the_code_calls_is_documented_and_offered_by_both_clocks():
-    with open(os.path.join(HERE, "managed.py"), encoding="utf-8") as source:
+    with open(os.path.join(HERE, "part2", "managed.py"), encoding="utf-8") as source:
         called = set(re.findall(r"clock\.(\w+)\(", source.read()))
     assert {"now", "wait", "watch", "unwatch"} <= called
     for method in called | {"sleep"}:
@@ -266,7 +268,7 @@ def test_an_error_counts_once_per_connection_not_once_per_pending_call():
     with FaultyUpstream(hold={1}) as upstream:
         cache = ReliabilityCache()
         client = ManagedClient(upstream.addr, rcache=cache)
-        calls = [Background(client.call, b"GET %d\n" % n) for n in range(3)]
+        calls = [in_background(client.call, b"GET %d\n" % n) for n in range(3)]
         upstream.wait_requests(3)
         upstream.wait_held(1)
         upstream.fail_next(1)   # reply 1 is already held past the fault check: reply 2 is dropped
@@ -286,7 +288,7 @@ def test_non_fatal_timeout_keeps_the_connection_the_late_reply_is_discarded_and_
     clock = VirtualClock()
     with FaultyUpstream(hold={1}) as upstream:
         client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock)
-        first = Background(client.call, b"GET apple\n")
+        first = in_background(client.call, b"GET apple\n")
         client.wait_sent(1)
         upstream.wait_held(1)   # reply 1 is the one held: no later reply takes its number
         clock.advance(0.999)
@@ -294,7 +296,7 @@ def test_non_fatal_timeout_keeps_the_connection_the_late_reply_is_discarded_and_
         clock.advance(0.001)
         assert first.result() == "MessageTimeout: no reply within 1.0s"
         assert client.pending_calls == 1 and client.state == "up"
-        second = Background(client.call, b"GET banana\n")
+        second = in_background(client.call, b"GET banana\n")
         client.wait_sent(2)
         upstream.release()
         assert second.result() == "banana=BBBBBBBBBBBB"
@@ -306,7 +308,7 @@ def test_fatal_timeout_destroys_the_connection_and_the_next_call_gets_its_own_re
     clock = VirtualClock()
     with FaultyUpstream(hold={1}) as upstream:
         client = ManagedClient(upstream.addr, msg_timeout=1.0, msg_timeout_is_fatal=True, clock=clock)
-        first = Background(client.call, b"GET apple\n")
+        first = in_background(client.call, b"GET apple\n")
         client.wait_sent(1)
         upstream.wait_held(1)   # reply 1 is the one held: no later reply takes its number
         clock.advance(1.0)
@@ -321,12 +323,12 @@ def test_the_forgetful_knob_really_misdelivers_a_late_reply():
     clock = VirtualClock()
     with FaultyUpstream(hold={1}) as upstream:
         client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock, late_replies="forget")
-        first = Background(client.call, b"GET apple\n")
+        first = in_background(client.call, b"GET apple\n")
         client.wait_sent(1)
         upstream.wait_held(1)   # reply 1 is the one held: no later reply takes its number
         clock.advance(1.0)
         first.result()
-        second = Background(client.call, b"GET banana\n")
+        second = in_background(client.call, b"GET banana\n")
         client.wait_sent(2)
         upstream.release()
         assert second.result() == "apple=AAAAAAAAAAAA"
@@ -337,7 +339,7 @@ def test_a_failed_initial_ping_fails_every_waiting_call_and_sends_no_user_reques
     clock = VirtualClock()
     with FaultyUpstream(silent=True) as upstream:
         client = ManagedClient(upstream.addr, initial_ping=True, msg_timeout=1.0, clock=clock)
-        calls = [Background(client.call, b"GET secret\n") for _ in range(2)]
+        calls = [in_background(client.call, b"GET secret\n") for _ in range(2)]
         client.wait_calls(2)
         upstream.wait_requests(1)
         assert client.state == "connecting"
@@ -463,7 +465,7 @@ def test_bad_requests_and_settings_are_value_errors():
 def test_shut_down_fails_a_pending_call_and_joins_every_thread():
     with FaultyUpstream(silent=True) as upstream:
         client = ManagedClient(upstream.addr, idle_timeout=30.0)
-        call = Background(client.call, b"GET a\n")
+        call = in_background(client.call, b"GET a\n")
         upstream.wait_requests(1)
         client.shut_down()
         assert call.result() == "MessageLost: client shut down"
@@ -474,7 +476,7 @@ def test_shut_down_stops_counting_an_abandoned_call_as_pending():
     clock = VirtualClock()
     with FaultyUpstream(hold={1}) as upstream:
         client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock)
-        late = Background(client.call, b"GET a\n")
+        late = in_background(client.call, b"GET a\n")
         upstream.wait_held(1)
         clock.advance(1.0)
         assert late.result() == "MessageTimeout: no reply within 1.0s" and client.pending_calls == 1
@@ -499,7 +501,7 @@ def test_pick_order_idle_then_new_then_least_busy_below_max_then_refuse():
 def test_pick_prefers_an_idle_client_to_a_busy_one_wherever_it_stands():
     with FaultyUpstream() as upstream:
         managed_set = ManagedSet([(upstream.addr, 2)])
-        (first, _), (second, _) = managed_set.pick(), managed_set.pick()
+        (first, _), (_still_reserved, _) = managed_set.pick(), managed_set.pick()
         first.call(b"GET a\n")   # the first is idle again; the second is still reserved
         assert managed_set.load() == [1] and managed_set.pick()[0] is first
         assert managed_set.pick()[0] is first   # both busy (1 each): the least busy, first by position
@@ -544,7 +546,7 @@ def test_call_never_retries_a_sent_request_but_idempotent_call_does_after_idempo
             managed_set.call(b"GET a\n")
         assert (managed_set.attempts, list(upstream.parsed)) == (1, ["GET a"])
         upstream.fail_next(1)
-        call = Background(managed_set.idempotent_call, b"GET b\n")
+        call = in_background(managed_set.idempotent_call, b"GET b\n")
         managed_set.wait_retries(1)
         clock.advance(4.9)
         assert call._thread.is_alive() and list(upstream.parsed) == ["GET a", "GET b"]
@@ -582,7 +584,7 @@ def test_shut_down_cuts_a_retry_wait_short():
     with FaultyUpstream() as upstream:
         managed_set = ManagedSet([(upstream.addr, 1)], idempotent_wait=60.0)
         upstream.fail_next(1)
-        call = Background(managed_set.idempotent_call, b"GET a\n")
+        call = in_background(managed_set.idempotent_call, b"GET a\n")
         managed_set.wait_retries(1)
         started = time.monotonic()
         managed_set.shut_down()
@@ -607,7 +609,7 @@ def test_proxy_reuses_framed_proxys_loop_and_an_upstream_failure_is_an_err_line(
 def test_proxy_pipelines_24_requests_over_one_connection_with_8_in_flight():
     with FaultyUpstream(gate=8) as upstream:
         with ManagedProxy([(upstream.addr, 1)], pending_calls_max=8) as proxy:
-            clients = [Background(ask, proxy.addr, [f"GET {c}{n}" for n in range(3)]) for c in "abcdefgh"]
+            clients = [in_background(ask, proxy.addr, [f"GET {c}{n}" for n in range(3)]) for c in "abcdefgh"]
             replies = [client.result() for client in clients]
     assert replies == [[f"{c}{n}={c.upper() * 12}" for n in range(3)] for c in "abcdefgh"]
     assert upstream.connections == 1 and upstream.requests == 24
@@ -675,7 +677,7 @@ def test_an_answered_initial_ping_is_a_success_that_resets_the_cache_entry():
     with FaultyUpstream(hold={2}) as upstream:   # the ping's reply passes, the request's is held
         client = ManagedClient(upstream.addr, rcache=cache, initial_ping=True, clock=clock)
         cache.record_error(upstream.addr)   # one error in a row: one short of the threshold
-        call = Background(client.call, b"GET a\n")
+        call = in_background(client.call, b"GET a\n")
         upstream.wait_held(1)
         assert client.state == "up" and (cache.successes, client.replies) == (1, 0)
         cache.record_error(upstream.addr)   # one in a row again, not two: still enabled
@@ -696,7 +698,7 @@ def test_an_abandoned_call_counts_in_load_so_the_next_pick_opens_another_connect
     clock = VirtualClock()
     with FaultyUpstream(hold={1}) as upstream:
         managed_set = ManagedSet([(upstream.addr, 2)], clock=clock, msg_timeout=1.0)
-        late = Background(managed_set.call, b"GET a\n")
+        late = in_background(managed_set.call, b"GET a\n")
         upstream.wait_requests(1)
         upstream.wait_held(1)   # reply 1 is the one held: no later reply takes its number
         clock.advance(1.0)
@@ -762,9 +764,9 @@ def test_a_64_mib_request_to_an_upstream_that_never_reads_times_out_and_so_does_
     clock = VirtualClock()
     with FaultyUpstream(on_connect="deaf") as upstream:
         client = ManagedClient(upstream.addr, msg_timeout=0.5, clock=clock)
-        big = Background(client.call, b"GET " + b"k" * (64 << 20) + b"\n")
+        big = in_background(client.call, b"GET " + b"k" * (64 << 20) + b"\n")
         client.wait_sent(1)   # the big request has the connection's write turn
-        small = Background(client.call, b"GET a\n")
+        small = in_background(client.call, b"GET a\n")
         client.wait_calls(2)
         clock.advance(0.5)
         assert big.result() == "MessageTimeout: request not sent within 0.5s"
@@ -780,7 +782,7 @@ def test_hooks_that_call_load_from_4_threads_x_200_calls_never_deadlock():
         cache = ReliabilityCache(availability=lambda addr: loads.append(managed_set.load()) or True)
         managed_set = ManagedSet([(upstream.addr, 4)], rcache=cache,
                                  on_event=lambda source, event: loads.append(managed_set.load()))
-        workers = [Background(lambda n=n: [managed_set.call(b"GET k%d\n" % n) for _ in range(200)])
+        workers = [in_background(lambda n=n: [managed_set.call(b"GET k%d\n" % n) for _ in range(200)])
                    for n in range(4)]
         assert [worker.result() for worker in workers] == [[b"k%d=KKKKKKKKKKKK\n" % n] * 200 for n in range(4)]
         # per call: pick() and call() ask availability, the set notes the attempt; per client, 2
@@ -808,7 +810,7 @@ def test_a_silent_upstream_behind_a_capped_set_never_wedges_it():
                                  clock=clock)
         for number, at in enumerate((0.0, 10.0, 100.0, 1000.0), start=1):
             clock.advance(at - clock.now())
-            late = Background(managed_set.call, b"GET a\n")
+            late = in_background(managed_set.call, b"GET a\n")
             managed_set.wait_picks(number)
             client = managed_set.clients[0][0]
             client.wait_written(number)
@@ -830,7 +832,7 @@ def test_abandoned_calls_and_the_transition_log_are_bounded(monkeypatch):
         client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock)
         calls = []
         for number in (1, 2, 3):
-            calls.append(Background(client.call, b"GET a\n"))
+            calls.append(in_background(client.call, b"GET a\n"))
             client.wait_written(number)
         clock.advance(1.0)
         assert [call.result() for call in calls] == ["MessageTimeout: no reply within 1.0s"] * 3
@@ -850,7 +852,7 @@ def test_an_extra_line_from_upstream_never_reaches_another_client():
     with FaultyUpstream(gate=2) as upstream:   # both requests are on the one connection before any reply
         upstream.fail_next(1, how="extra")
         with ManagedProxy([(upstream.addr, 1)], rcache=ReliabilityCache()) as proxy:
-            clients = [Background(ask, proxy.addr, [f"GET {key}"]) for key in "ab"]
+            clients = [in_background(ask, proxy.addr, [f"GET {key}"]) for key in "ab"]
             replies = [client.result()[0] for client in clients]
     lost = "ERR MessageLost: upstream out of step: a reply did not fit its request"
     assert replies in (["a=AAAAAAAAAAAA", lost], [lost, "b=BBBBBBBBBBBB"])   # whichever went first is right
@@ -861,7 +863,7 @@ def test_a_dropped_reply_fails_both_calls_owed_and_idempotent_calls_are_retried_
         upstream.fail_next(1, how="skip")   # the first reply never comes; the second arrives first
         with ManagedProxy([(upstream.addr, 1)], idempotent=True, idempotent_wait=0,
                           rcache=ReliabilityCache()) as proxy:
-            clients = [Background(ask, proxy.addr, [f"GET {key}"]) for key in "ab"]
+            clients = [in_background(ask, proxy.addr, [f"GET {key}"]) for key in "ab"]
             assert [client.result() for client in clients] == [["a=AAAAAAAAAAAA"], ["b=BBBBBBBBBBBB"]]
             assert proxy.managed_set.attempts == 4 and proxy.managed_set.clients[0][0].errors == 1
     assert sorted(upstream.parsed) == ["GET a", "GET a", "GET b", "GET b"]
@@ -890,7 +892,7 @@ def test_failover_with_no_cache_given_answers_every_call_and_skips_a_dead_a_unti
         for at in (0.0, 0.5, 1.0, 2.0, 3.0):
             clock.advance(at - clock.now())
             attempts.clear()
-            call = Background(managed_set.call, b"GET k\n")
+            call = in_background(managed_set.call, b"GET k\n")
             assert call.result() == "k=KKKKKKKKKKKK"
             tried.append([index for index, _ in attempts])
         assert tried == [[0, 1], [1], [0, 1], [1], [0, 1]]   # A's windows: 0 to 1 s, then 1 to 3 s
@@ -933,10 +935,10 @@ def test_after_a_fatal_timeout_the_other_calls_on_the_connection_are_lost_not_ti
     clock = VirtualClock()
     with FaultyUpstream(hold={1}) as upstream:
         client = ManagedClient(upstream.addr, msg_timeout=1.0, msg_timeout_is_fatal=True, clock=clock)
-        first = Background(client.call, b"GET a\n")
+        first = in_background(client.call, b"GET a\n")
         client.wait_written(1)
         clock.advance(0.5)
-        second = Background(client.call, b"GET b\n")
+        second = in_background(client.call, b"GET b\n")
         client.wait_written(2)
         clock.advance(0.5)
         assert first.result() == "MessageTimeout: no reply within 1.0s"
@@ -952,7 +954,7 @@ def test_an_eof_while_only_an_abandoned_call_is_owed_is_quiet():
         client = ManagedClient(upstream.addr, rcache=cache, msg_timeout=1.0, clock=clock)
         client.call(b"GET a\n")
         upstream.fail_next(1, how="skip")
-        late = Background(client.call, b"GET b\n")
+        late = in_background(client.call, b"GET b\n")
         upstream.wait_faults(1)
         clock.advance(1.0)
         assert late.result() == "MessageTimeout: no reply within 1.0s"
@@ -985,7 +987,7 @@ def test_a_derived_cache_asks_each_availability_hook_once():
 def test_a_default_proxy_pipelines_once_its_connections_are_busy():
     with FaultyUpstream(gate=3) as upstream:   # no reply until three requests are in
         with ManagedProxy([(upstream.addr, 1)]) as proxy:
-            clients = [Background(ask, proxy.addr, [f"GET {key}"]) for key in "abc"]
+            clients = [in_background(ask, proxy.addr, [f"GET {key}"]) for key in "abc"]
             assert [client.result() for client in clients] == [[f"{key}={key.upper() * 12}"] for key in "abc"]
     assert upstream.connections == 1
 

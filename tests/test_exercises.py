@@ -27,10 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from test_commentary import MODULE, contiguous_at, fenced_blocks, text
+from tests.prose import HERE, MODULE, contiguous_at, fenced_blocks, text
 
-HERE = Path(__file__).parent
-COPIED = ["*.py", "*.ini", "*.cfg", "*.toml", "transcripts/*.txt"]   # what a run needs
+COPIED = ["**/*.py", "*.ini", "*.cfg", "*.toml", "transcripts/*.txt"]   # what a run needs
 HOOK_TIMEOUT = re.compile(r"^(\s*hook_timeout = )[\d.]+", re.M)
 SHORT_HOOK_TIMEOUT = "2.0"   # scaffolding: a missing event is reported in 2 s, not 10
 COMMAND = re.compile(r"`((?:python3|\.venv/bin/python) (?:demo\.py|-m pytest)[^`]*)`"
@@ -85,8 +84,10 @@ def apply(exercise, directory):
     Returns None, or why the change could not be made."""
     for pattern in COPIED:
         for path in HERE.glob(pattern):
+            if any(part.startswith(".") for part in path.relative_to(HERE).parts):
+                continue   # .venv and the like: not the project's
             target = directory / path.relative_to(HERE)
-            target.parent.mkdir(exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, target)
     module = directory / exercise.module
     source = module.read_text(encoding="utf-8")

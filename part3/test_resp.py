@@ -10,8 +10,9 @@ import types
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import part3_demo
-from resp import RESP, reply_size
+from conftest import ROOT, need_redis
+from scaffolding import kit, redis_server
+from part3.resp import RESP, reply_size
 from tcp_proxy import FramedProxy, Server, read_lines
 
 EXAMPLES = int(os.environ.get("SOAK", "40"))   # `make soak` raises it; the suite stays fast
@@ -119,26 +120,17 @@ def test_fits_wants_one_whole_reply_of_a_type_the_command_can_get():
     assert RESP.max_reply == 1 << 20
 
 
-# --- the real server (part3_demo.RedisServer, demo.py --part3) ----------------------------------
+# --- the real server (redis_server.RedisServer, demo.py --part3) ----------------------------------
 
-HERE = pathlib.Path(__file__).parent
-
-
-def need_redis():
-    """Skip without redis-server, except in CI (CI=true), where its absence is a failure."""
-    if not part3_demo.redis_available():
-        if os.environ.get("CI") == "true":
-            pytest.fail("redis-server is not on PATH, and CI must run Part three's tests: "
-                        "`make redis-server` installs it")
-        pytest.skip("redis-server is not on PATH (`make redis-server` installs it)")
+HERE = ROOT
 
 
 def test_redis_server_is_stopped_and_waited_for_and_its_directory_removed_when_the_block_fails():
     need_redis()
     with pytest.raises(RuntimeError, match="a scenario failed"):
-        with part3_demo.RedisServer() as redis:
+        with redis_server.RedisServer() as redis:
             process, directory = redis.process, pathlib.Path(redis._directory.name)
-            control = part3_demo.RedisControl(redis.addr)
+            control = redis_server.RedisControl(redis.addr)
             assert control.command("PING") == b"+PONG\r\n"
             assert control.command("CONFIG GET save") == b"*2\r\n$4\r\nsave\r\n$0\r\n\r\n"
             assert control.command("CONFIG GET appendonly") == b"*2\r\n$10\r\nappendonly\r\n$2\r\nno\r\n"
@@ -150,11 +142,11 @@ def test_redis_server_is_stopped_and_waited_for_and_its_directory_removed_when_t
 def test_redis_server_tries_another_port_when_its_first_one_is_taken(monkeypatch):
     need_redis()
     with socket.create_server(("127.0.0.1", 0)) as squatter:
-        ports = iter([squatter.getsockname()[1], part3_demo.free_port()])
-        monkeypatch.setattr(part3_demo, "free_port", lambda: next(ports))
-        with part3_demo.RedisServer() as redis:
+        ports = iter([squatter.getsockname()[1], kit.free_port()])
+        monkeypatch.setattr(redis_server, "free_port", lambda: next(ports))
+        with redis_server.RedisServer() as redis:
             assert redis.addr[1] != squatter.getsockname()[1]
-            control = part3_demo.RedisControl(redis.addr)
+            control = redis_server.RedisControl(redis.addr)
             assert control.command("PING") == b"+PONG\r\n"
             control.close()
 
@@ -169,8 +161,8 @@ def test_demo_part3_prints_the_checked_in_transcript():
 def test_demo_part3_without_redis_prints_one_line_on_how_to_install_it_and_exits_0():
     run = subprocess.run([sys.executable, "demo.py", "--part3"], cwd=HERE, capture_output=True, timeout=60,
                          env={**os.environ, "PATH": "/nonexistent"})
-    assert (run.stdout.decode(), run.returncode) == (part3_demo.INSTALL_HINT + "\n", 0)
-    assert "apt-get install redis-server" in part3_demo.INSTALL_HINT
+    assert (run.stdout.decode(), run.returncode) == (redis_server.INSTALL_HINT + "\n", 0)
+    assert "apt-get install redis-server" in redis_server.INSTALL_HINT
 
 
 # --- resp.RESP inside the pool: FramedProxy(framing=resp.RESP) -----------------------------------
@@ -198,7 +190,7 @@ def ask_through(proxy, requests):
         replies = []
         for request in requests:
             sock.sendall(request)
-            replies.append(part3_demo.read_resp(reader))
+            replies.append(redis_server.read_resp(reader))
         return replies
 
 
@@ -211,7 +203,7 @@ def test_the_resp_pool_waits_through_a_reply_cut_after_its_length_line_and_insid
     cut_replies = [[b"$5\r\n", b"hello\r\n"],                                  # where a line framing stops
                    [b"*2\r\n$3\r\none\r\n", b"*1\r\n:7", b"\r\n"]]             # inside a nested array
     with ScriptedRedis(cut_replies, until_the_pool_went_back_for_more) as upstream, \
-            FramedProxy(upstream.addr, framing=RESP) as proxy:
+            FramedProxy(upstream.addr, framing=RESP) as proxy:   # noqa: F811 (the hook above reads it)
         replies = ask_through(proxy, [b"GET a\r\n", b"LRANGE l 0 -1\r\n"])
         assert replies == [b"$5\r\nhello\r\n", b"*2\r\n$3\r\none\r\n*1\r\n:7\r\n"]
         assert (proxy.opened, proxy.released, proxy.dirty, proxy.partial_replies) == (1, 2, 0, 3)

@@ -6,28 +6,21 @@ what that run recorded."""
 import re
 import socket
 import time
-from pathlib import Path
 
 import pytest
 
 import demo
-import managed
-import managed_demo
-import pictures
+from part2 import managed
+from pictures import draw as pictures
+from conftest import ROOT, transcript_section
+from scaffolding import faults, kit
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
 
-HERE = Path(__file__).parent
+HERE = ROOT
 WRAPPED = [(NaiveProxy, "forward"), (NaiveProxy, "route"), (FramedProxy, "checkout"), (FramedProxy, "count"),
-           (Upstream, "reply"), (Upstream, "__init__"), (demo.Client, "__init__"), (demo.Client, "send"),
+           (Upstream, "reply"), (Upstream, "__init__"), (kit.Client, "__init__"), (kit.Client, "send"),
            (managed.ManagedClient, "_deliver"), (managed.ManagedClient, "count"), (managed.ManagedSet, "_note"),
-           (managed.ReliabilityCache, "count"), (managed_demo.FaultyUpstream, "close"), (socket.socket, "sendall")]
-
-
-def transcript_section(transcript, title):
-    """The lines a scenario printed under its `== n. title ==` line in a checked-in transcript."""
-    text = (HERE / "transcripts" / transcript).read_text(encoding="utf-8")
-    sections = re.split(r"^== \d+\. (.*) ==\n", text, flags=re.MULTILINE)
-    return dict(zip(sections[1::2], sections[2::2]))[title].rstrip("\n") + "\n"
+           (managed.ReliabilityCache, "count"), (faults.FaultyUpstream, "close"), (socket.socket, "sendall")]
 
 
 def own_attributes():

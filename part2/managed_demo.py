@@ -6,131 +6,25 @@ run: nothing printed carries a port, a real time or a thread id; times shown as
 t=1.0s are read from a VirtualClock, and no step sleeps. Every step waits on a
 hook (wait_<counter>(n)) or moves the virtual clock.
 """
-import collections
 import contextlib
 import socket
-import threading
 
-from managed import ManagedClient, ManagedError, ManagedProxy, ManagedSet, ReliabilityCache, VirtualClock
-from tcp_proxy import Hooks, Upstream, read_lines, shutdown
-
-
-# --- the upstream, with faults on demand -------------------------------------------
-
-class FaultyUpstream(Upstream):
-    """An Upstream that can misbehave; used only by the scenarios below and the tests.
-
-      close(), then restart()   stop, then listen again on the same port
-      fail_next(n, how)         the next n replies: "drop" closes the connection
-                                instead; "cut" sends half the reply, then closes;
-                                "skip" never sends it and carries on; "extra"
-                                sends it, then the same line again, unasked
-      silent=True               accept and read, never answer
-      hold={1, 2}               hold replies 1 and 2 (counted from 1) until release()
-      on_connect="close"        close every connection as soon as it is accepted
-      on_connect="deaf"         accept, never read a byte, keep it open until close()
-    """
-    counters = {**Upstream.counters, "faults": 0, "held": 0}
-    # faults  replies dropped, cut, skipped or doubled; bumped by reply()
-    # held    replies stopped by `hold`; bumped as one starts waiting for release()
-
-    FAULTS = ("drop", "cut", "skip", "extra")
-
-    def __init__(self, silent=False, hold=(), on_connect="serve", **upstream_options):
-        if on_connect not in ("serve", "close", "deaf"):
-            raise ValueError(f"on_connect is 'serve', 'close' or 'deaf', not {on_connect!r}")
-        super().__init__(pause=self._hold, **upstream_options)
-        self.silent, self.hold, self.on_connect = silent, set(hold), on_connect
-        self.faults_due = collections.deque()
-        self._released = threading.Event()
-
-    def _hold(self, number):
-        if number in self.hold:
-            self.count("held")
-            self._released.wait()
-
-    def release(self):
-        self._released.set()
-
-    def close(self):
-        self.release()   # a held reply would keep close() waiting for its thread
-        super().close()
-
-    def handle(self, conn):
-        if self.on_connect == "close":
-            return   # the server closes the connection as soon as handle() returns
-        if self.on_connect == "deaf":
-            with self._lock:   # close() notifies it
-                while not self.closed:
-                    self._lock.wait()
-            return
-        super().handle(conn)
-
-    def fail_next(self, n=1, how="drop"):
-        if how not in self.FAULTS:
-            raise ValueError(f"how is one of {self.FAULTS}, not {how!r}")
-        self.faults_due.extend([how] * n)
-
-    def reply(self, conn, data):
-        if self.silent:
-            return
-        if self.faults_due:
-            how = self.faults_due.popleft()
-            self.count("faults")
-            if how == "skip":
-                return
-            if how == "extra":
-                super().reply(conn, data)
-                conn.sendall(data)   # a line nobody asked for
-                return
-            if how == "cut":
-                conn.sendall(data[:len(data) // 2])
-            shutdown(conn)   # the reading thread sees EOF; the rest of the queue goes nowhere
-            raise ConnectionAbortedError(f"fault injected: {how}")
-        super().reply(conn, data)
-
-    def restart(self):
-        """Listen again on the port close() released (create_server sets SO_REUSEADDR)."""
-        with self._lock:
-            if not self.closed:
-                raise RuntimeError("restart() follows close()")
-            self._sockets, self.closed = set(), False
-        self.listen(self.addr)
+from part2.managed import ManagedClient, ManagedError, ManagedProxy, ManagedSet, ReliabilityCache, VirtualClock
+from scaffolding import kit
+from scaffolding.faults import FaultyUpstream
+from tcp_proxy import Hooks, read_lines
 
 
 # --- the demo's helpers ---------------------------------------------------------
 
 def outcome(function, *args):
-    """What a call gave, as the transcript shows it: the reply line or the error."""
-    try:
-        result = function(*args)
-    except ManagedError as error:
-        return f"{type(error).__name__}: {error}"
-    return result.decode().rstrip("\n") if isinstance(result, bytes) else result
+    """What a call gave, as the transcript shows it: the reply line or the ManagedError."""
+    return kit.outcome(function, *args, expected=ManagedError)
 
 
-class Background:
-    """Run outcome(function, *args) in a thread; result() joins it."""
-
-    def __init__(self, function, *args):
-        self._result, self._error = None, None
-        self._thread = threading.Thread(target=self._run, args=(function, args), daemon=True)
-        self._thread.start()
-
-    def _run(self, function, args):
-        try:
-            self._result = outcome(function, *args)
-        except Exception as error:   # not a ManagedError: a bug, raised again by result()
-            self._error = error
-
-    def result(self):
-        """The outcome; TimeoutError if the thread is still running after a hook's patience."""
-        self._thread.join(Hooks.hook_timeout)
-        if self._thread.is_alive():
-            raise TimeoutError("gave up waiting for a call in the background")
-        if self._error:
-            raise self._error
-        return self._result
+def in_background(function, *args):
+    """The call on a thread of its own; .result() joins it (a ManagedError is an outcome)."""
+    return kit.Background(function, *args, expected=ManagedError)
 
 
 def ask(addr, requests):
@@ -165,12 +59,12 @@ def dirty_return():
         with FaultyUpstream(hold={1}) as upstream:
             client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock, **options)
             print(f"{label}:")
-            first = Background(client.call, b"GET apple\n")
+            first = in_background(client.call, b"GET apple\n")
             upstream.wait_held(1)   # apple's reply is the held one: no later reply takes its number
             clock.advance(1.0)
             print(f"  t={clock.now()}s GET apple  -> {first.result()}")
             print(f"  pending calls after the timeout: {client.pending_calls}")
-            second = Background(client.call, b"GET banana\n")
+            second = in_background(client.call, b"GET banana\n")
             client.wait_sent(2)
             upstream.release()   # apple's reply, late, then banana's
             reply = second.result()
@@ -205,7 +99,7 @@ def restart():
                                  on_event=lambda source, event: attempts.append(event)
                                  if event[0] == "attempt" else None)
         upstream.fail_next(1)
-        call = Background(managed_set.idempotent_call, b"GET four\n")
+        call = in_background(managed_set.idempotent_call, b"GET four\n")
         managed_set.wait_retries(1)
         clock.advance(5.0)
         print(f"the same through idempotent_call: GET four -> {call.result()}")
@@ -221,7 +115,7 @@ def initial_ping():
         with FaultyUpstream(silent=silent) as upstream:
             client = ManagedClient(upstream.addr, initial_ping=True, msg_timeout=1.0, clock=clock)
             print(f"{label}, two calls waiting on the initial ping:")
-            calls = [Background(client.call, b"GET secret\n"), Background(client.call, b"GET other\n")]
+            calls = [in_background(client.call, b"GET secret\n"), in_background(client.call, b"GET other\n")]
             client.wait_calls(2)
             upstream.wait_requests(1)
             if silent:   # both calls wait on the ping: the one that sent it, and the other
@@ -269,7 +163,7 @@ def balance_load():
         with contextlib.ExitStack() as stack:
             upstreams = [stack.enter_context(FaultyUpstream(hold=range(1, 10))) for _ in range(3)]
             managed_set = ManagedSet([(upstream.addr, 3) for upstream in upstreams], policy=policy)
-            calls = [Background(managed_set.call, b"GET burst\n") for _ in range(9)]
+            calls = [in_background(managed_set.call, b"GET burst\n") for _ in range(9)]
             managed_set.wait_picks(9)   # every pick made while no reply can come back
             for upstream in upstreams:
                 upstream.release()
@@ -284,7 +178,7 @@ def back_pressure():
     with FaultyUpstream(hold={1, 2}) as upstream:
         with ManagedProxy([(upstream.addr, 1)], pending_calls_max=2) as proxy:
             print("one connection, pending_calls_max=2; the upstream holds its first two replies")
-            held = [Background(ask, proxy.addr, [request]) for request in ("GET a", "GET b")]
+            held = [in_background(ask, proxy.addr, [request]) for request in ("GET a", "GET b")]
             upstream.wait_requests(2)
             print(f"  third client, GET c -> {ask(proxy.addr, ['GET c'])[0]}")
             upstream.release()
@@ -298,7 +192,7 @@ def pipelining():
     with FaultyUpstream(gate=8) as upstream:
         with ManagedProxy([(upstream.addr, 1)], pending_calls_max=8) as proxy:
             requests = [[f"GET {name.lower()}{n}" for n in range(3)] for name in "ABCDEFGH"]
-            clients = [Background(ask, proxy.addr, lines) for lines in requests]
+            clients = [in_background(ask, proxy.addr, lines) for lines in requests]
             replies = [client.result() for client in clients]
             good = sum(right(request, reply) == "right"
                        for lines, answers in zip(requests, replies) for request, reply in zip(lines, answers))

@@ -1,6 +1,6 @@
 """bench_part3: head-of-line blocking, in-order pipelining against request ids.
 
-    python3 bench_part3.py [--slow SECONDS] [--fast N] [--trials T]
+    python3 -m bench.bench_part3 [--slow SECONDS] [--fast N] [--trials T]
 
 One connection, one upstream (tagged.TaggedUpstream), the same per-key delay:
 `GET slow` is answered after --slow seconds, every other key at once. The
@@ -25,7 +25,7 @@ import statistics
 import threading
 import time
 
-from tagged import TaggedClient, TaggedUpstream
+from part3.tagged import TaggedClient, TaggedUpstream
 
 
 def in_order(slow, fast):

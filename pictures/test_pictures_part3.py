@@ -3,21 +3,20 @@ and the run that draws each one is the demo's own run (it prints the transcript'
 
 Each picture's scenarios run once for the whole module (the `runs` fixture). The
 Redis ones need a real redis-server: without it their tests skip, except under
-CI=true, where they fail (test_resp.need_redis)."""
+CI=true, where they fail (conftest.need_redis)."""
+import shutil
 import socket
 import time
-from pathlib import Path
 
 import pytest
 
-import pictures_part3
-import tagged
+from pictures import draw_part3 as pictures_part3
+from part3 import tagged
 import tcp_proxy
-from test_pictures import transcript_section
-from test_resp import need_redis
+from conftest import ROOT, need_redis, transcript_section
 from tcp_proxy import FramedProxy
 
-HERE = Path(__file__).parent
+HERE = ROOT
 WRAPPED = [(FramedProxy, "handle"), (FramedProxy, "exchange"), (FramedProxy, "read_reply"),
            (tcp_proxy, "more_of_reply"), (tagged.TaggedClient, "__init__"), (tagged.TaggedClient, "call"),
            (tagged.TaggedClient, "count"), (socket.socket, "sendall"), (tagged, "read_lines"),
@@ -48,7 +47,7 @@ def runs():
     recorder run once however many pictures share it; the Redis ones only with redis-server."""
     found, by_recorder = {}, {}
     for name, (record, _) in pictures_part3.PICTURES.items():
-        if name in NEEDS_REDIS and not pictures_part3.part3_demo.redis_available():
+        if name in NEEDS_REDIS and not shutil.which("redis-server"):
             continue
         if record not in by_recorder:
             before = own_attributes()

@@ -7,11 +7,7 @@ bulk string reply spans two lines. The last three need no Redis: request ids
 
 Map of the module, in reading order:
 
-    RedisServer        scaffolding: redis-server on 127.0.0.1 and a free port, no
-                       persistence, in a temporary directory; close() stops it and
-                       waits for it, whatever happened
-    RedisControl       scaffolding: the scenario's own connection to Redis, for SET
-    read_resp()        one whole RESP reply from a socket, framed by resp.reply_size()
+    (scaffolding.redis_server starts the private redis-server and its control connection)
     naive_redis ... resp_pool           the four scenarios against Redis
     out_of_order, slow_key, late_reply  the three scenarios of request ids
 
@@ -21,143 +17,17 @@ proxies' hooks and by Redis itself (it answers one connection's commands in
 order, and BLPOP waits for a push); against TaggedUpstream, by its pause(key) hook.
 """
 import contextlib
-import os
-import select
-import shutil
 import socket
-import subprocess
-import tempfile
 import threading
-import time
 
-import demo
-import resp
 import tcp_proxy
-from tagged import CallTimeout, ConnectionBroken, TaggedClient, TaggedUpstream
+from part3 import resp
+from part3.tagged import TaggedClient, TaggedError, TaggedUpstream
+from scaffolding import kit
+from scaffolding.faults import TrustingPool
+from scaffolding.kit import ROUNDS, Client, clients, keys_for, run_concurrently, sent_line, show
+from scaffolding.redis_server import read_resp, redis_and_control
 from tcp_proxy import FramedProxy, Hooks, NaiveProxy, answer
-
-INSTALL_HINT = ("demo.py --part3 needs redis-server on PATH; install it with "
-                "'apt-get install redis-server' (Debian, Ubuntu) or 'brew install redis' (macOS)")
-
-
-# --- a private redis-server -----------------------------------------------------------
-
-def redis_available():
-    return shutil.which("redis-server") is not None
-
-
-def free_port():
-    """A port nothing listens on now. Another process may take it before redis-server
-    binds it, so RedisServer tries again with a new one if the bind fails."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class RedisServer:
-    """redis-server on 127.0.0.1, a free port, no persistence, in a temporary directory.
-
-    Ready when its log says so (no polling). close() (or leaving a `with` block)
-    stops it with SIGTERM, waits for it to exit (SIGKILL after stop_timeout), and
-    removes the directory; it runs even when starting failed half way.
-    """
-    attempts = 3          # ports tried before giving up (a port taken between probe and bind)
-    start_timeout = 10.0  # seconds for "Ready to accept connections" to appear in the log
-    stop_timeout = 10.0   # seconds SIGTERM gets before SIGKILL
-
-    def __init__(self):
-        self.process, self.log = None, b""
-        self._directory = tempfile.TemporaryDirectory(prefix="part3-redis-")
-        try:
-            for _ in range(self.attempts):
-                port = free_port()
-                if self._start(port):
-                    self.addr = ("127.0.0.1", port)
-                    return
-                self._stop()
-            raise OSError(f"redis-server did not start; its log ends: {self.log[-300:]!r}")
-        except BaseException:
-            self.close()
-            raise
-
-    def _start(self, port):
-        """Start redis-server on port; True once its log says it is ready, False if it exited."""
-        self.log = b""
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self._directory.name, "--daemonize", "no"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            cwd=self._directory.name)
-        deadline = time.monotonic() + self.start_timeout
-        output = self.process.stdout.fileno()
-        while b"Ready to accept connections" not in self.log:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([output], [], [], remaining)[0]:
-                raise TimeoutError(f"redis-server not ready after {self.start_timeout:g} s")
-            data = os.read(output, 4096)
-            if not data:   # it exited: most likely the port was taken after all
-                return False
-            self.log = (self.log + data)[-4096:]   # bounded: only the tail is ever shown
-        return True
-
-    def _stop(self):
-        process, self.process = self.process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        process.stdout.close()
-
-    def close(self):
-        """Stop redis-server and wait for it; remove its directory. Calling it again does nothing."""
-        self._stop()
-        self._directory.cleanup()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
-
-
-class RedisControl:
-    """A direct connection to Redis for the scenario's own setup: SET, CLIENT PAUSE."""
-
-    def __init__(self, addr):
-        self.sock = socket.create_connection(addr, timeout=Hooks.hook_timeout)
-        self.unread = b""
-
-    def command(self, line):
-        """Send one inline command; return its whole RESP reply."""
-        self.sock.sendall(line.encode() + b"\r\n")
-        return read_resp(self)
-
-    def close(self):
-        self.sock.close()
-
-
-def read_resp(reader):
-    """One whole RESP reply from reader.sock, keeping what is read past it in reader.unread."""
-    while (size := resp.reply_size(reader.unread)) is None:
-        data = reader.sock.recv(4096)
-        if not data:
-            raise ConnectionResetError(f"EOF in the middle of a reply: {reader.unread!r}")
-        reader.unread += data
-    reply, reader.unread = reader.unread[:size], reader.unread[size:]
-    return reply
-
-
-def redis_and_control(stack):
-    """A private redis-server and a control connection to it, both ended as the stack unwinds."""
-    redis = stack.enter_context(RedisServer())
-    control = RedisControl(redis.addr)
-    stack.callback(control.close)
-    return redis, control
 
 
 def stored(control, values):
@@ -183,7 +53,7 @@ def naive_redis():
         redis, control = redis_and_control(stack)
         stored(control, {"b": "world"})
         proxy = stack.enter_context(NaiveProxy(redis.addr))
-        a, b = demo.clients(stack, proxy.addr, 2)
+        a, b = clients(stack, proxy.addr, 2)
         proxy.wait_connections(2)
         # A waits for a job; Redis answers a connection's commands in order, so B's GET,
         # on the same upstream connection, waits behind it: the gate of Part one, here
@@ -196,19 +66,19 @@ def naive_redis():
         blpop_reply = b"*2\r\n$6\r\njobs-a\r\n" + bulk("hello")
         proxy.wait_routed(len(blpop_reply + bulk("world")))
         proxy.close()
-        print(demo.sent_line(a) + "   (wait for a job on the list jobs-a)")
-        print(demo.sent_line(b))
+        print(sent_line(a) + "   (wait for a job on the list jobs-a)")
+        print(sent_line(b))
         print("  then another Redis client pushed the job 'hello' onto jobs-a")
         received = {client.name: client.read_to_eof() for client in (a, b)}
         for name, data in received.items():
-            print(f"  {name} received  {demo.show(data)}")
+            print(f"  {name} received  {show(data)}")
         print(f"  verdict: B holds A's job and its own value ({len(received['B'])} bytes); A holds "
               f"{len(received['A'])}. A blind relay is as wrong in front of Redis as in front of the toy")
 
 
 def one_at_a_time(proxy_addr, keys, stack):
     """Clients A, B, C ... each send GET <its key> and read one line, in turn."""
-    crowd = demo.clients(stack, proxy_addr, len(keys))
+    crowd = clients(stack, proxy_addr, len(keys))
     replies = []
     for client, key in zip(crowd, keys):
         client.send(inline(key))
@@ -231,10 +101,10 @@ def line_pool():
     with contextlib.ExitStack() as stack:
         redis, control = redis_and_control(stack)
         stored(control, values)
-        pool = stack.enter_context(demo.TrustingPool(redis.addr, pool_cap=1, framing=tcp_proxy.LINES))
+        pool = stack.enter_context(TrustingPool(redis.addr, pool_cap=1, framing=tcp_proxy.LINES))
         crowd, replies = one_at_a_time(pool.addr, list(values), stack)
         for client, key, reply in zip(crowd, values, replies):
-            print(f"  {client.name} asked GET {key:<2} got {demo.show(reply):<21} {whose(reply, key, values)}")
+            print(f"  {client.name} asked GET {key:<2} got {show(reply):<21} {whose(reply, key, values)}")
         print(f"  connections opened: {pool.opened}")
         head, tail = bulk("hello")[:4], bulk("hello")[4:]
         print(f"  verdict: the line framing stops after {head!r}; the rest, {tail!r}, stays on the "
@@ -249,7 +119,7 @@ def checked_line_pool():
         proxy = stack.enter_context(FramedProxy(redis.addr, pool_cap=1, framing=tcp_proxy.LINES))
         crowd, replies = one_at_a_time(proxy.addr, list(values), stack)
         for client, key, reply in zip(crowd, values, replies):
-            print(f"  {client.name} asked GET {key:<2} got {demo.show(reply)}")
+            print(f"  {client.name} asked GET {key:<2} got {show(reply)}")
         tails = {value.encode() + b"\r\n" for value in values.values()}   # what a misdelivery looks like
         misdelivered = sum(reply in tails for reply in replies)
         print(f"  connections opened: {proxy.opened}   closed as out of step: {proxy.dirty}   "
@@ -260,7 +130,7 @@ def checked_line_pool():
 
 
 def resp_pool():
-    keys = [key for index in range(8) for key in demo.keys_for(index)]
+    keys = [key for index in range(8) for key in keys_for(index)]
     values = {key: key.upper() for key in keys}
     with contextlib.ExitStack() as stack:
         redis, control = redis_and_control(stack)
@@ -269,12 +139,12 @@ def resp_pool():
         control.command("RPUSH list one two")
         print(f"  redis holds  {len(values)} keys (alpha1=ALPHA1 ... hotel3=HOTEL3) and list=[one, two]")
         proxy = stack.enter_context(FramedProxy(redis.addr, pool_cap=1, framing=resp.RESP))
-        single = demo.Client("A", proxy.addr)
+        single = Client("A", proxy.addr)
         stack.callback(single.close)
         for line in ("GET alpha1", "GET missing", "LRANGE list 0 -1", "PING"):
             single.send(line.encode() + b"\r\n")
-            print(f"  A sent {line!r:<20} got {demo.show(read_resp(single))}")
-        crowd = demo.clients(stack, proxy.addr, 8)
+            print(f"  A sent {line!r:<20} got {show(read_resp(single))}")
+        crowd = clients(stack, proxy.addr, 8)
 
         def ask(client, client_keys):
             right = 0
@@ -283,9 +153,9 @@ def resp_pool():
                 right += read_resp(client) == bulk(values[key])
             return right
 
-        right = sum(demo.run_concurrently(ask, *[(client, demo.keys_for(index))
+        right = sum(run_concurrently(ask, *[(client, keys_for(index))
                                                 for index, client in enumerate(crowd)]))
-        print(f"  8 clients x {demo.ROUNDS} GETs at once through one connection: right {right}/24, "
+        print(f"  8 clients x {ROUNDS} GETs at once through one connection: right {right}/24, "
               f"wrong {24 - right}, connections opened {proxy.opened}")
         print("  verdict: the parse is RESP's (type byte, length, element count), so the pool lends the "
               "connection only at a reply's real end")
@@ -293,32 +163,16 @@ def resp_pool():
 
 # --- request ids (no Redis) ---------------------------------------------------------------
 
-class InBackground:
-    """Run function(*args) on a thread; result() joins it and gives the reply or the error."""
-
-    def __init__(self, function, *args):
-        self._outcome = None
-        self._thread = threading.Thread(target=self._run, args=(function, args), daemon=True)
-        self._thread.start()
-
-    def _run(self, function, args):
-        try:
-            self._outcome = function(*args).decode().rstrip("\n")
-        except (CallTimeout, ConnectionBroken) as error:
-            self._outcome = f"{type(error).__name__}: {error}"
-
-    def result(self):
-        self._thread.join(Hooks.hook_timeout)
-        if self._thread.is_alive():
-            raise TimeoutError("gave up waiting for a call in the background")
-        return self._outcome
+def in_background(function, *args):
+    """The call on a thread of its own; .result() joins it (a TaggedError is an outcome)."""
+    return kit.Background(function, *args, expected=TaggedError)
 
 
 def start_calls(client, lines):
     """Start a call per line, each once the one before it is on the wire, so ids go 1, 2, 3..."""
     calls = []
     for number, line in enumerate(lines, 1):
-        calls.append(InBackground(client.call, line.encode() + b"\n"))
+        calls.append(in_background(client.call, line.encode() + b"\n"))
         client.wait_sent(number)
     return calls
 
@@ -392,11 +246,11 @@ def late_reply():
             in_turn(key)
 
         upstream.pause = pause
-        slow = InBackground(client.call, b"GET slow\n", 0.05)
+        slow = in_background(client.call, b"GET slow\n", 0.05)
         client.wait_timeouts(1)
         print(f"  GET slow (msg_timeout 0.05 s) -> {slow.result()}")
         print(f"  owed: {len(client.owed)}, abandoned ids: {sorted(client.abandoned)}")
-        following = InBackground(client.call, b"GET next\n")
+        following = in_background(client.call, b"GET next\n")
         client.wait_dropped(1)
         upstream.wait_replies(2)
         print(f"  GET next -> {following.result()!r}")

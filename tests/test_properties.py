@@ -19,7 +19,6 @@ import socket
 import threading
 import time
 
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tcp_proxy import FramedProxy, PassthroughProxy, Upstream, answer, recv
@@ -27,15 +26,12 @@ from tcp_proxy import FramedProxy, PassthroughProxy, Upstream, answer, recv
 EXAMPLES = int(os.environ.get("SOAK", "200"))   # in all, over every proxy
 CLIENT_TIMEOUT = 10.0   # a client that waits longer than this has found a hang
 
-try:   # the managed proxy joins the proof when managed.py imports
-    import managed
-except ImportError:
-    managed = None
+from part2 import managed
 
 # Each proxy's share of EXAMPLES. FramedProxy's checkin is the lesson and the
 # managed proxy pipelines, so they get the most; PassthroughProxy shares nothing
 # between clients and needs the fewest.
-SHARES = {"framed": 0.5, "managed": 0.3, "passthrough": 0.2} if managed else {"framed": 0.8, "passthrough": 0.2}
+SHARES = {"framed": 0.5, "managed": 0.3, "passthrough": 0.2}
 
 
 def examples_for(proxy_name):
@@ -191,7 +187,6 @@ def test_passthrough_proxy_gives_every_client_exactly_its_own_replies_in_order()
     assert coverage.cut_replies > 0
 
 
-@pytest.mark.skipif(managed is None, reason="managed.py is not there yet")
 def test_managed_proxy_gives_every_client_exactly_its_own_replies_in_order():
     coverage = run_property("managed", lambda addr, pool_cap: managed.ManagedProxy([(addr, pool_cap)]))
     assert coverage.examples == examples_for("managed")

@@ -1,7 +1,7 @@
-"""pictures.py: the commentary's pictures, drawn from the scenarios' own runs.
+"""pictures.draw: the commentary's pictures of Parts one and two, drawn from the scenarios' own runs.
 
-    python3 pictures.py            run the scenarios, rewrite pictures/*.svg
-    python3 pictures.py --check    run them, and exit 1 if a checked-in picture differs
+    python3 -m pictures            run the scenarios, rewrite pictures/*.svg (Part three's too)
+    python3 -m pictures --check    run them, and exit 1 if a checked-in picture differs
 
 Nothing here is drawn by hand. Each picture runs its scenario from demo.py or
 managed_demo.py, unchanged, while a Recorder wraps the methods where bytes change
@@ -41,11 +41,13 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 import demo
-import managed
-import managed_demo
+from part2 import managed
+from part2 import managed_demo
+from scaffolding import faults, kit
+from scaffolding.faults import DishonestUpstream
 from tcp_proxy import FramedProxy, Hooks, NaiveProxy, Upstream, answer
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent.parent   # the project's root
 PICTURES_DIR = HERE / "pictures"
 
 
@@ -85,13 +87,13 @@ class Recorder:
         setattr(owner, attribute, make_wrapper(original))
 
     def name_demo_clients(self):
-        """Remember each demo.Client's address, so a proxy's socket names its peer."""
+        """Remember each kit.Client's address, so a proxy's socket names its peer."""
         def make(original):
             def __init__(client, name, addr, *args, **options):
                 original(client, name, addr, *args, **options)
                 self.names[client.sock.getsockname()] = name
             return __init__
-        self.wrap(demo.Client, "__init__", make)
+        self.wrap(kit.Client, "__init__", make)
 
     def name_pool_requests(self):
         """Note, per FramedProxy handler thread, the client it serves (thread.client) and
@@ -372,8 +374,8 @@ def record_naive_relay(scenario):
                 original(upstream, conn, data)
             return reply
 
-        recorder.wrap(demo.Client, "send", wrap_send)
-        recorder.wrap(demo.Client, "read_to_eof", wrap_read_to_eof)
+        recorder.wrap(kit.Client, "send", wrap_send)
+        recorder.wrap(kit.Client, "read_to_eof", wrap_read_to_eof)
         recorder.wrap(NaiveProxy, "forward", wrap_forward)
         recorder.wrap(NaiveProxy, "route", wrap_route)
         recorder.wrap(socket.socket, "sendall", wrap_sendall)
@@ -624,7 +626,7 @@ def record_pool(scenario, trial_function, label_of, in_name_order=False):
         def checkout(proxy):
             client = recorder.thread.client
             if in_name_order:
-                recorder.wait_for_turn(demo.CLIENT_NAMES.index(client), f"{client}'s turn to borrow")
+                recorder.wait_for_turn(kit.CLIENT_NAMES.index(client), f"{client}'s turn to borrow")
             sock = original(proxy)
             trial["release"] = proxy.release
             recorder.thread.exchange = trial["borrows"] = trial["borrows"] + 1
@@ -705,7 +707,7 @@ def record_pool(scenario, trial_function, label_of, in_name_order=False):
         recorder.wrap(Upstream, "reply", wrap_reply)
         recorder.wrap(Upstream, "__init__", wrap_upstream_init)
         if hasattr(demo, "DishonestUpstream"):
-            recorder.wrap(demo.DishonestUpstream, "reply", wrap_dishonest_reply)
+            recorder.wrap(DishonestUpstream, "reply", wrap_dishonest_reply)
         _, printed = run_quietly(scenario)
     return recorder, printed
 
@@ -1015,7 +1017,7 @@ def record_managed(scenario):
         def __init__(managed_set, services, **options):
             original(managed_set, services, **options)
             state["clock"] = managed_set.clock
-            state["names"] = {addr: demo.CLIENT_NAMES[index] for index, (addr, _) in enumerate(services)}
+            state["names"] = {addr: kit.CLIENT_NAMES[index] for index, (addr, _) in enumerate(services)}
             cache = managed_set.rcache
             recorder.log("set", tuple(state["names"].values()), managed_set.policy, cache.setting("policy"),
                          cache.setting("threshold"))
@@ -1056,7 +1058,7 @@ def record_managed(scenario):
         def _note(managed_set, *event):
             if event[0] == "attempt":
                 _, number, index, result = event
-                name = demo.CLIENT_NAMES[index] if index is not None else "-"
+                name = kit.CLIENT_NAMES[index] if index is not None else "-"
                 recorder.log("attempt", managed_set.clock.now(), number, name, result)
             original(managed_set, *event)
         return _note
@@ -1095,8 +1097,8 @@ def record_managed(scenario):
         recorder.wrap(managed.ManagedSet, "_note", wrap_note)
         recorder.wrap(managed.ReliabilityCache, "is_enabled", wrap_is_enabled)
         recorder.wrap(managed.ReliabilityCache, "count", wrap_cache_count)
-        recorder.wrap(managed_demo.FaultyUpstream, "close", wrap_upstream_event("stopped"))
-        recorder.wrap(managed_demo.FaultyUpstream, "restart", wrap_upstream_event("restarted"))
+        recorder.wrap(faults.FaultyUpstream, "close", wrap_upstream_event("stopped"))
+        recorder.wrap(faults.FaultyUpstream, "restart", wrap_upstream_event("restarted"))
         _, printed = run_quietly(scenario)
     return recorder, printed
 
