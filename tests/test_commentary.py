@@ -373,7 +373,7 @@ def test_the_line_count_stated_is_the_one_linecount_computes():
     assert f"{code_lines(HERE / 'tcp_proxy.py')} lines of code" in flat(part_one())
 
 
-@pytest.mark.skipif(not REFERENCE.exists(), reason="../shared/reference is not here")
+@pytest.mark.skipif(not REFERENCE.exists(), reason="the earlier implementation's commentary is not beside this clone")
 def test_figures_about_the_earlier_implementation_are_the_ones_its_commentary_states():
     reference = " ".join(REFERENCE.read_text(encoding="utf-8").split())
     source = flat(text())
