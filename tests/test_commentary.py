@@ -246,7 +246,6 @@ def figures():
         f"{requests} answers",
         f"{rounds} requests",
         f"{clients} client connections and {clients} upstream connections",
-        f"{requests}/{clients} = {requests / clients:.1f} requests",
         f"the ratio {clients / clients:.1f}",
         f"{requests}/1 = {requests:.1f}",
         f"{requests}/{clients} = {requests / clients:.1f}",
