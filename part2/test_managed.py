@@ -785,9 +785,10 @@ def test_hooks_that_call_load_from_4_threads_x_200_calls_never_deadlock():
         workers = [in_background(lambda n=n: [managed_set.call(b"GET k%d\n" % n) for _ in range(200)])
                    for n in range(4)]
         assert [worker.result() for worker in workers] == [[b"k%d=KKKKKKKKKKKK\n" % n] * 200 for n in range(4)]
-        # per call: pick() and call() ask availability, the set notes the attempt; per client, 2
-        # transitions and one more ask, by the call that connected it, once it is up
-        assert managed_set.attempts == 800 and len(loads) == 800 * 3 + 3 * len(managed_set.clients[0])
+        # per call: pick() and call() ask availability, the set notes the attempt, the client tells
+        # of its request sent and its reply; per client, 2 transitions and one more ask, by the call
+        # that connected it, once it is up
+        assert managed_set.attempts == 800 and len(loads) == 800 * 5 + 3 * len(managed_set.clients[0])
         managed_set.shut_down()
 
 
