@@ -295,7 +295,8 @@ def draw_pool_panel(svg, left, top, rule, events, shown_exchanges):
     Columns: what the upstream writes, who holds the connection, what the borrower
     gets. Bytes are coloured by the client whose request they answer; bytes a borrower
     gets that answer another request (or none) are outlined in red, with an arrow
-    from the write that carried them."""
+    from the write that carried them, run along the write's row and down onto them,
+    clear of the labels in the connection's column."""
     requests = {e.k: e.request for e in events if isinstance(e, Borrowed)}
     writes = owned_writes(events)
     # A write no borrower read a byte of is left out: the trial ended before it mattered,
@@ -375,7 +376,8 @@ def draw_pool_panel(svg, left, top, rule, events, shown_exchanges):
             y += 8
     with svg.behind(first_part):
         for (x1, y1), (x2, y2) in arrows:
-            svg.arrow(x1 + 2, y1, x2 - 4, y2, RED, 2)
+            svg.line(x1 + 2, y1, x2 + 12, y1, RED, 2)
+            svg.arrow(x2 + 12, y1, x2 + 12, y2 - 13, RED, 2)
     answered = {writes[index][0] for index in read_writes}
     unread = [visible(requests[k]) for k in sorted(requests) if k <= shown_exchanges and k not in answered]
     if unread:
@@ -398,31 +400,59 @@ def tally(events):
 def draw_release(recorder):
     title = "Scenario 6: a reply written in two parts with a pause between, pool cap 1"
     svg = Svg(title)
-    y = heading(svg, [title, "two trials of its paused-reply row: the framed rule against the timeout rule"])
+    y = heading(svg, [title, "two trials of its paused-reply row: the framed rule above, the timeout rule below",
+                      "the clients send in name order, each once the one before has the connection"])
     found = trials(recorder)
-    bottoms = []
-    for index, release in enumerate(("framed", "timeout")):
+    for release in ("framed", "timeout"):
         events, right = found[release, True]
         if release == "framed":
             rule = 'release="framed": the connection goes back after the reply\'s \\n'
         else:
             timeout = next(e.timeout for e in events if isinstance(e, Checkin))
             rule = f'release="timeout": it goes back after {timeout}s of silence'
-        bottom = draw_pool_panel(svg, 16 + index * 760, y + 10, rule, events, SHOWN_EXCHANGES) + 36
+        y = draw_pool_panel(svg, 16, y + 10, rule, events, SHOWN_EXCHANGES) + 36
         total = tally(events)[4]
-        svg.text(16 + index * 760, bottom, f"right: {right}/{total}   (the first {SHOWN_EXCHANGES} of {total} "
-                 "borrowers drawn)", 13, GREEN if right == total else RED, bold=True)
-        bottoms.append(bottom)
-    svg.legend(16, max(bottoms) + 30, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
-                                        ("C's bytes", *colours("C")),
-                                        ("red: bytes of another client's answer", RED_FILL, RED)])
-    svg.text(16, max(bottoms) + 52, "borrowers take the connection in name order "
-             "(scaffolding, so every run draws the same picture)", 12, MUTED)
+        svg.text(16, y, f"right: {right}/{total}   (the first {SHOWN_EXCHANGES} of {total} borrowers drawn)", 13,
+                 GREEN if right == total else RED, bold=True)
+        y += 30
+    svg.legend(16, y, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")), ("C's bytes", *colours("C")),
+                       ("red: bytes of another client's answer", RED_FILL, RED)])
     return svg
 
 
 def record_dishonest():
     return record_pool(demo.dishonest, "dishonest_trial", lambda pool_class: pool_class.__name__)
+
+
+def draw_queue_panel(svg, left, top, rule, events):
+    """A trial on one connection as its stream, one queue of lines top to bottom in the
+    order written, beside each line the borrower that took it next; returns the bottom."""
+    requests = {e.k: e.request for e in events if isinstance(e, Borrowed)}
+    writes = owned_writes(events)
+    svg.text(left, top, rule, 14, INK, bold=True)
+    svg.text(left, top + 26, "its one connection's stream, line after line: each borrower takes the next", 12, MUTED)
+    y, position = top + 34, 0
+    for read in (e for e in events if isinstance(e, Read)):
+        y += 30
+        x = left + 16
+        for owner, piece, _, exchange in pieces_of(writes, read.connection, position, position + len(read.reply)):
+            x += svg.bytes_box(x, y - 17, piece, owner, 12, wrong=owner == NOBODY or exchange != read.k) + 2
+        position += len(read.reply)
+        right = read.reply == answer(requests[read.k].rstrip(b"\n"))
+        svg.arrow(left + 200, y - 5, left + 236, y - 5, GREEN if right else RED, 1.5, head=6)
+        label = f"to {read.client}, who asked {visible(requests[read.k])}:"
+        svg.text(left + 244, y, label, 12, INK)
+        svg.text(left + 250 + text_width(label, 12), y, "right" if right else "wrong", 12,
+                 GREEN if right else RED, bold=True)
+    svg.arrow(left + 4, top + 46, left + 4, y + 6, MUTED, 1.5, head=6)   # the stream runs down the page
+    connection = events[0].connection
+    answered = {exchange for owner, _, _, exchange in pieces_of(writes, connection, 0, position) if owner != NOBODY}
+    unread = [visible(requests[k]) for k in sorted(requests) if k not in answered]
+    if unread:
+        svg.text(left, y + 30, "queued behind them, never read:", 12, MUTED)
+        y += 48
+        svg.text(left, y, f"the answers to {', '.join(unread)}", 12, MUTED)
+    return y
 
 
 def draw_dishonest(recorder):
@@ -436,12 +466,13 @@ def draw_dishonest(recorder):
     for index, (label, (events, _)) in enumerate(found.items()):
         rule = {"TrustingPool": "TrustingPool: keeps the bytes past a reply for the next borrower",
                 "FramedProxy": "FramedProxy: closes a connection with bytes past a reply"}.get(label, label)
-        bottom = draw_pool_panel(svg, 16 + index * 760, y + 10, rule, events, len(events)) + 36
+        panel = draw_queue_panel if label == "TrustingPool" else draw_pool_panel
+        bottom = panel(svg, 16 + index * 640, y + 10, rule, events, *[len(events)][:index]) + 36
         right, others, dirty, connections, borrows = tally(events)
         tone = GREEN if right == borrows else RED
-        svg.text(16 + index * 760, bottom, f"right {right}/{borrows}   another client's answer {others}", 13,
+        svg.text(16 + index * 640, bottom, f"right {right}/{borrows}   another client's answer {others}", 13,
                  tone, bold=True)
-        svg.text(16 + index * 760, bottom + 20, f"dirty connections closed {dirty}   "
+        svg.text(16 + index * 640, bottom + 20, f"dirty connections closed {dirty}   "
                  f"upstream connections opened {connections}", 13, INK)
         bottoms.append(bottom + 20)
     svg.legend(16, max(bottoms) + 30, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
@@ -616,8 +647,11 @@ def draw_failover(recorder):
         svg.rect(x_of(stopped_at), y_life - 10, (started_at - stopped_at) * SECOND, 18, "#eeeeee", MUTED, 1,
                  dash="4 3")
         svg.text(x_of(stopped_at) + 6, y_life + 4, "stopped: refuses connections", 11, MUTED)
-        if name and started_at < end:
-            svg.text(x_of(started_at) + 6, y_life + 4, f"restarted at t={started_at}s", 11, GREEN, bold=True)
+        if name and started_at < end:   # the call made at that time went first: say so, beside its row
+            restart = next(i for i, e in enumerate(events) if isinstance(e, Service) and e.t == started_at)
+            after = any(isinstance(e, SetCall) and e.t == started_at for e in events[:restart])
+            svg.text(x_of(started_at) + 6, y_life + 4, f"restarted at t={started_at}s" +
+                     (", after that call" if after else ""), 11, GREEN, bold=True)
     # A's disable windows
     y_windows = y_life + 40
     svg.text(16, y_windows + 4, "A disabled", 12, RED, bold=True)

@@ -103,7 +103,7 @@ def pieces(replies, deliveries):
 
 # --- drawing ---------------------------------------------------------------------------
 
-def draw_redis_panel(svg, left, top, rule, note, events, connection, shown):
+def draw_redis_panel(svg, left, top, rule, note, events, connection, shown, drawn):
     """The first `shown` borrows of one connection: its stream on top, cut where each
     borrower's read ended, then one row per borrower. Returns the panel's bottom."""
     replies, deliveries = redis_stream(events, connection)
@@ -113,6 +113,7 @@ def draw_redis_panel(svg, left, top, rule, note, events, connection, shown):
     for owner, data in replies:   # the replies the shown borrows touched
         if position < shown_end:
             kept.append((owner, data))
+            drawn.add(owner)   # for the legend: a colour only for an owner whose bytes are drawn
         position += len(data)
     svg.text(left, top, rule, 14, INK, bold=True)
     svg.text(left, top + 18, note, 12, MUTED)
@@ -163,16 +164,17 @@ def draw_redis_line_pool(recorder):
     line_events = scenario_events(recorder, "line-pool")
     resp_events = scenario_events(recorder, "resp-pool")
     line_reads = [e for e in line_events if isinstance(e, RedisRead)]
+    drawn = set()
     bottom = draw_redis_panel(
         svg, 16, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
         "the bytes read past it stay on the connection for the next borrower", line_events, 1,
-        len(line_reads))
+        len(line_reads), drawn)
     first = line_reads[0]
     svg.text(16, bottom + 4, f"the line framing stopped after {visible(first.reply)}; the rest, "
              f"{visible(first.rest)}, went to the next borrower as its reply", 13, RED, bold=True)
     bottom = draw_redis_panel(
         svg, 16, bottom + 50, "FramedProxy, framing=RESP: the reply ends where its type byte and length say",
-        "client A's four requests one after another through the pool's one connection", resp_events, 1, 4)
+        "client A's four requests one after another through the pool's one connection", resp_events, 1, 4, drawn)
     resp_reads = [e for e in resp_events if isinstance(e, RedisRead)]
     replies, deliveries = redis_stream(resp_events, 1)
     stream = b"".join(data for _, data in replies)
@@ -183,9 +185,8 @@ def draw_redis_line_pool(recorder):
     svg.text(16, bottom + 4, f"then {len(crowd)} GETs from 8 clients at once: each got its own whole "
              f"reply {right}/{len(crowd)}, over {connections} upstream connection", 13,
              GREEN if right == len(crowd) else RED, bold=True)
-    svg.legend(16, bottom + 36, [("A's reply", *colours("A")), ("B's reply", *colours("B")),
-                                 ("C's reply", *colours("C")),
-                                 ("red outline: bytes of another client's reply", RED_FILL, RED)])
+    svg.legend(16, bottom + 36, [(f"{owner}'s reply", *colours(owner)) for owner in sorted(drawn)]   # only colours drawn
+               + [("red outline: bytes of another client's reply", RED_FILL, RED)])
     return svg
 
 

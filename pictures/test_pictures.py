@@ -159,3 +159,29 @@ def test_the_dishonest_run_prints_the_transcripts_lines_and_the_picture_counts_w
     assert pictures.tally(found["FramedProxy"][0]) == (6, 0, 6, 6, 6)
     assert "right 1/6   another client's answer 1" in printed
     assert "right 6/6   another client's answer 0   dirty connections closed 6" in printed
+
+
+def svg_width(svg):
+    return float(re.search(r'<svg [^>]*width="([\d.]+)"', svg).group(1))
+
+
+def test_the_release_picture_stacks_its_trials_no_wider_than_the_other_pictures(runs):
+    svgs = pictures.render_all(runs[0])
+    assert svg_width(svgs["release.svg"]) <= max(svg_width(svg) for name, svg in svgs.items() if name != "release.svg")
+    assert svg_width(svgs["release.svg"]) < 1200
+
+
+def test_the_dishonest_picture_shows_trustingpools_stream_as_one_queue_each_borrower_taking_the_next_line(runs):
+    svg = pictures.render_all(runs[0])["dishonest.svg"]
+    taken = re.findall(r">to (\w), who asked (GET \w+)\\n:</text>", svg)
+    assert taken == [("A", "GET alpha1"), ("B", "GET bravo1"), ("A", "GET alpha2"), ("B", "GET bravo2"),
+                     ("A", "GET alpha3"), ("B", "GET bravo3")]
+    assert "the answers to GET bravo2\\n, GET alpha3\\n, GET bravo3\\n" in svg
+
+
+def test_the_failover_picture_says_a_restarted_only_after_the_call_at_3_seconds_had_failed_on_it(runs):
+    recorder = runs[0]["failover-windows.svg"][0]
+    order = [(type(e).__name__, e.t) for e in recorder.events if type(e).__name__ in ("SetCall", "Service")]
+    assert order.index(("SetCall", 3.0)) < order.index(("Service", 3.0))
+    svg = pictures.render_all(runs[0])["failover-windows.svg"]
+    assert ">restarted at t=3.0s, after that call</text>" in svg and ">A CommunicationError</text>" in svg

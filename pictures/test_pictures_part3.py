@@ -122,3 +122,9 @@ def test_the_late_reply_recording_drops_id_1_after_its_call_gave_up_and_serves_i
                      ("Got", b"1 slow=SSSSSSSSSSSS"), ("Dropped",), ("Got", b"2 next=NNNNNNNNNNNN"),
                      ("TaggedSent", "C", b"3 GET after\n"), ("Got", b"3 after=AAAAAAAAAAAA")]
     assert sum(isinstance(e, Connected) for e in events) == 1
+
+
+def test_the_redis_picture_has_a_legend_colour_only_for_owners_whose_bytes_it_draws(runs):
+    recorder = run_of(runs, "part3-redis-line-pool.svg")[0]
+    svg = pictures_part3.draw_redis_line_pool(recorder).render()
+    assert ">A's reply</text>" in svg and ">B's reply</text>" in svg and ">C's reply</text>" not in svg
