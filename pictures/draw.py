@@ -3,28 +3,18 @@
     python3 -m pictures            run the scenarios, rewrite pictures/*.svg (Part three's too)
     python3 -m pictures --check    run them, and exit 1 if a checked-in picture differs
 
-Nothing here is drawn by hand. Each picture runs its scenario from demo.py or
-managed_demo.py, unchanged, while pictures.record hears its events through declared
-seams; the drawing reads only those events. A change to the code that changes what
-a scenario does changes its picture, and test_pictures.py, which renders every
-picture afresh and compares it byte for byte with pictures/, fails.
+Nothing is drawn by hand: each picture draws the events pictures.record heard while
+its scenario ran, unchanged, so a change to what a scenario does changes its
+picture, and test_pictures.py (which draws them afresh) fails. No picture shows a
+time, a port or an id; Part two's times are the virtual clock's.
 
-Map of the module, in reading order (a draw_*() per picture, on a layout):
     interleave.svg        scenario 1 as a byte strip
     headline.svg          scenario 2 as a sequence diagram
-    release.svg           scenario 6: framed against timeout, borrow by borrow (a timeline)
-    dishonest.svg         scenario 9: TrustingPool against FramedProxy (a timeline)
+    release.svg           scenario 6, framed above timeout, borrow by borrow (a timeline)
+    dishonest.svg         scenario 9: TrustingPool's stream as a queue, FramedProxy's timeline
     dirty-return.svg      Part two's 1: the owed queue under three rules (steps)
     failover-windows.svg  Part two's 4 on the virtual clock's axis (a timeline)
-    PICTURES, record_all(), render_all(), main()
-
-Same bytes on every run: no picture shows a time, a port or an id. Events come in
-the order the scenario's hooks impose; where two threads log at once, the drawing
-reads each thread's events apart (e.g. the upstream's replies apart from the
-proxy's deliveries). Part two's times are the virtual clock's.
 """
-import argparse
-import sys
 import textwrap
 from pathlib import Path
 
@@ -35,7 +25,7 @@ from pictures.record import (Attempt, Borrowed, Checkin, Disabled, Enabled, Forw
                              SetMade, SetShutDown, Step, Trial, TrialEnd, Wrote, record_managed,
                              record_naive_relay, record_pool)
 from pictures.svg import (GREEN, INK, MUTED, FAINT, RED, RED_FILL, UPSTREAM_COLOURS, Svg, coalesce, colours,
-                          heading, owners_of, text_width, visible)
+                          cut, heading, owners_of, text_width, visible)
 from tcp_proxy import answer
 
 HERE = Path(__file__).parent.parent   # the project's root
@@ -64,17 +54,12 @@ def deliveries(recorder):
     reply or two replies (recv() cuts as it likes), so the chunks are laid end to
     end and cut where the upstream's replies end.
     """
-    chunks = [(e.data, e.targets) for e in recorder.of(Routed)]   # targets in name order, not route()'s racy one
+    chunks = [(e.targets, e.data) for e in recorder.of(Routed)]   # targets in name order, not route()'s racy one
     result, start = [], 0
     for data in (e.data for e in recorder.of(Replied)):
-        end, pieces, position = start + len(data), [], 0
-        for chunk, clients in chunks:
-            low, high = max(start, position), min(end, position + len(chunk))
-            if low < high:
-                pieces.extend((client, chunk[low - position:high - position]) for client in clients)
-            position += len(chunk)
-        result.append((data, pieces))
-        start = end
+        result.append((data, [(client, piece) for targets, piece in cut(chunks, start, start + len(data))
+                              for client in targets]))
+        start += len(data)
     return result
 
 
@@ -270,20 +255,9 @@ def owned_writes(events):
 
 def pieces_of(writes, connection, start, end):
     """The (owner, bytes, (write index, part), exchange) pieces of connection's stream bytes start..end."""
-    pieces, position = [], 0
-    for index, (exchange, on, parts) in enumerate(writes):
-        if on != connection:
-            continue
-        for part, (owner, data) in enumerate(parts):
-            low, high = max(start, position), min(end, position + len(data))
-            if low < high:
-                pieces.append((owner, data[low - position:high - position], (index, part), exchange))
-            position += len(data)
-    return pieces
-
-
-def stream_length(writes, connection):
-    return sum(len(data) for _, on, parts in writes if on == connection for _, data in parts)
+    chunks = [((owner, (index, part), exchange), data) for index, (exchange, on, parts) in enumerate(writes)
+              if on == connection for part, (owner, data) in enumerate(parts)]
+    return [(owner, piece, where, exchange) for (owner, where, exchange), piece in cut(chunks, start, end)]
 
 
 CHECKIN_LABELS = {"released": "checkin", "dirty": "closed as dirty", "discarded": "closed"}
@@ -369,7 +343,8 @@ def draw_pool_panel(svg, left, top, rule, events, shown_exchanges):
             svg.line(columns["connection"], y - 6, columns["connection"] + 200, y - 6, stroke, 2)
             svg.text(columns["connection"] + 12, y + 8, CHECKIN_LABELS.get(outcome, outcome), 12, stroke,
                      bold=True)
-            unread = stream_length(writes, connection) - read_at.get(connection, 0)
+            unread = len(b"".join(piece for _, piece, _, _ in pieces_of(writes, connection, 0, 1 << 30))) - \
+                read_at.get(connection, 0)
             if outcome != "released" and unread:
                 svg.text(columns["connection"] + 12, y + 22, f"with {unread} bytes never read", 11, MUTED)
                 y += 14
@@ -704,37 +679,15 @@ PICTURES = {   # file name -> (run the scenario: (Recorder, what it printed), dr
 }
 
 
-def record_all():
-    """Run every picture's scenario once; return {file name: (Recorder, what it printed)}."""
-    return {name: record() for name, (record, _) in PICTURES.items()}
+def record_all(pictures=None):
+    """Run each picture's scenarios once, however many pictures share them: {file name: (Recorder, printed)}."""
+    runs = {}
+    for record, _ in (pictures or PICTURES).values():
+        runs[record] = runs.get(record) or record()
+    return {name: runs[record] for name, (record, _) in (pictures or PICTURES).items()}
 
 
-def render_all(runs=None):
-    """Draw every picture from `runs` (record_all() if not given); return {file name: SVG text}."""
-    runs = runs or record_all()
-    return {name: draw(runs[name][0]).render() for name, (_, draw) in PICTURES.items()}
-
-
-def main(argv=None, render=None):
-    """Write the pictures `render()` draws (this module's: render_all) into pictures/,
-    or with --check compare them and exit 1 if any differs."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="compare with pictures/, write nothing")
-    options = parser.parse_args(argv)
-    stale = []
-    for name, svg in (render or render_all)().items():
-        path = PICTURES_DIR / name
-        if options.check:
-            if not path.exists() or path.read_text(encoding="utf-8") != svg:
-                stale.append(name)
-        else:
-            PICTURES_DIR.mkdir(exist_ok=True)
-            path.write_text(svg, encoding="utf-8")
-            print(f"wrote {path.relative_to(HERE)}")
-    for name in stale:
-        print(f"pictures/{name} differs from what the scenario draws now: run `make pictures`")
-    return 1 if stale else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def render_all(runs=None, pictures=None):
+    """Draw every picture from `runs` (record_all() if not given): {file name: SVG text}."""
+    runs = runs or record_all(pictures)
+    return {name: draw(runs[name][0]).render() for name, (_, draw) in (pictures or PICTURES).items()}

@@ -1,42 +1,19 @@
-"""pictures.draw_part3: Part three's pictures, drawn from the scenarios' own runs
-(`python3 -m pictures` draws them with the others).
+"""pictures.draw_part3: Part three's pictures, drawn from the scenarios' own runs, as
+pictures/draw.py draws the others (`python3 -m pictures` draws them all).
 
-The same method as pictures/draw.py, whose Recorder, Svg and drawing helpers this
-module imports: each picture runs a scenario of part3_demo.py, unchanged, while
-the Recorder wraps the methods where bytes change hands, and the drawing reads
-only what the Recorder logged. test_pictures_part3.py draws every picture afresh
-and compares it byte for byte with pictures/.
+    part3-redis-line-pool.svg       a byte strip per pool: TrustingPool (lines) against FramedProxy (RESP)
+    part3-tagged-out-of-order.svg   a sequence: ids going up, replies back in another order, each to its caller
+    part3-head-of-line.svg          a held key with ids (the fast replies pass it) against the untagged twin
+    part3-late-reply.svg            a call gives up; its late reply is dropped by id, the connection serves on
 
-Map of the module, in reading order:
-
-    record_redis_pools     runs line_pool and resp_pool against a real redis-server,
-                           logging what each borrower asked and what read_reply() took
-    redis_stream()         one upstream connection's bytes, cut into Redis's replies
-                           (RESP-parsed) and owned by the request each one answers
-    draw_redis_line_pool   part3-redis-line-pool.svg: TrustingPool (lines) against
-                           FramedProxy (RESP) over the same kind of stream
-    record_tagged          runs out_of_order, slow_key and late_reply, logging the
-                           bytes each caller's request went out as and each reply
-                           line the client's reader took, in the reader's order
-    draw_tagged_out_of_order   part3-tagged-out-of-order.svg: ids going up, replies
-                           coming back in another order, each to the caller of its id
-    draw_head_of_line      part3-head-of-line.svg: a held key with ids (the fast replies
-                           pass it) against the untagged twin (they wait behind it)
-    draw_late_reply        part3-late-reply.svg: a call gives up; its reply, late, is
-                           dropped by id while the connection serves the next calls
-    PICTURES, render_all(), main()
-
-Same bytes on every run: no port, time or id in a picture. A pool of one connection
-lends it to one borrower at a time, so the order of the logged reads is the order
-the borrowers held it; Redis answers one connection's commands in order, so the
-n-th reply on a connection answers the n-th request sent on it.
+A pool of one connection lends it to one borrower at a time, so the order of the
+reads is the order the borrowers held it; Redis answers one connection's commands
+in order, so the n-th reply on a connection answers the n-th request sent on it.
 """
-from pictures import draw
 from pictures.record import (Connected, Dropped, Got, RedisRead, Recv, Returned, Scenario, TaggedSent, Timeout,
                              UpstreamRead, UpstreamReady, UpstreamWrote, record_redis_pools, record_tagged)
-from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, Svg, colours, heading, text_width, visible
+from pictures.svg import cut, GREEN, INK, MUTED, RED, RED_FILL, Svg, colours, heading, text_width, visible
 from part3 import resp, tagged
-from scaffolding import redis_server
 import tcp_proxy
 
 FAINT_LANE = "#cccccc"     # a lifeline
@@ -83,22 +60,13 @@ def redis_stream(events, connection):
 def pieces(replies, deliveries):
     """The stream cut at every reply end and delivery end: (owner, taker, bytes, start).
     taker is the client who received the piece, or NEVER_READ."""
-    cuts = {0}
-    position = 0
-    for _, data in replies:
-        position += len(data)
-        cuts.add(position)
-    cuts.update(end for *_, end in deliveries)
-    stream_end = position
-    owner_at = []
-    for owner, data in replies:
-        owner_at += [owner] * len(data)
-    taker_at = [NEVER_READ] * stream_end
-    for client, _, start, end in deliveries:
-        taker_at[start:end] = [client] * (end - start)
-    stream = b"".join(data for _, data in replies)
-    bounds = sorted(cut for cut in cuts if cut <= stream_end)
-    return [(owner_at[low], taker_at[low], stream[low:high], low) for low, high in zip(bounds, bounds[1:])]
+    read_to = deliveries[-1][3] if deliveries else 0
+    found = []
+    for taker, _, start, end in deliveries + [(NEVER_READ, None, read_to, sum(len(d) for _, d in replies))]:
+        for owner, piece in cut(replies, start, end):
+            found.append((owner, taker, piece, start))
+            start += len(piece)
+    return found
 
 
 # --- drawing ---------------------------------------------------------------------------
@@ -366,20 +334,3 @@ PICTURES = {   # file name -> (run the scenarios: (Recorder, what they printed),
     "part3-head-of-line.svg": (record_tagged, draw_head_of_line),
     "part3-late-reply.svg": (record_tagged, draw_late_reply),
 }
-
-
-def render_all():
-    """Run each picture's scenarios (once, however many pictures share them) and draw
-    it; return {file name: SVG text}."""
-    runs = {}
-    for record, _ in PICTURES.values():
-        if record not in runs:
-            runs[record] = record()[0]
-    return {name: draw(runs[record]).render() for name, (record, draw) in PICTURES.items()}
-
-
-def main(argv=None):
-    if not redis_server.redis_available():
-        print(redis_server.INSTALL_HINT)
-        return 1
-    return draw.main(argv, render=render_all)

@@ -139,14 +139,20 @@ def heading(svg, lines, x=16, y=28):
     return y + 22
 
 
-def owners_of(chunks, start, end):
-    """Who sent the bytes start..end of a stream made of (owner, data) chunks, in order."""
+def cut(chunks, start, end):
+    """The bytes start..end of a stream laid end to end from (tag, bytes) chunks: [(tag, bytes)]."""
     found, position = [], 0
-    for owner, data in chunks:
-        if position < end and start < position + len(data) and owner not in found:
-            found.append(owner)
+    for tag, data in chunks:
+        low, high = max(start, position), min(end, position + len(data))
+        if low < high:
+            found.append((tag, data[low - position:high - position]))
         position += len(data)
     return found
+
+
+def owners_of(chunks, start, end):
+    """Who sent the bytes start..end of a stream made of (owner, data) chunks, in order."""
+    return list(dict.fromkeys(owner for owner, _ in cut(chunks, start, end)))
 
 
 def coalesce(chunks):
