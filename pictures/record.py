@@ -17,7 +17,7 @@ from collections import namedtuple
 
 import demo
 from part2 import managed
-from part3 import tagged
+from part3 import part3_demo, tagged
 from scaffolding import faults, kit
 import tcp_proxy
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
@@ -291,10 +291,11 @@ def record_managed(scenario):
     return r, printed
 
 
-def scenarios(recorder, *named):
-    """A function running each (name, scenario) in turn, each after a Scenario event."""
+def scenarios(recorder, begin, *named):
+    """A function running each (name, scenario) in turn, each after begin() and a Scenario event."""
     def run():
         for name, scenario in named:
+            begin()
             recorder.log(Scenario(name))
             scenario()
     return run
@@ -308,22 +309,14 @@ def record_redis_pools():
     def number(sock):
         return numbers.setdefault(sock.getsockname(), len(numbers) + 1)
 
-    def scenario(function):
-        def run():
-            numbers.clear()
-            r.names.clear()
-            function()
-        return run
-
-    from part3 import part3_demo
     with Recorder() as r:
         r.name_demo_clients()
         r.name_pool_requests()
         r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, buffer=b"": r.log(RedisRead(
             r.thread.client, r.thread.request, number(sock), bytes(buffer), *result)))
         r.tap(tcp_proxy, "more_of_reply", after=lambda data, sock: r.log(Recv(number(sock), data)))
-        printed = run_quietly(scenarios(r, ("line-pool", scenario(part3_demo.line_pool)),
-                                        ("resp-pool", scenario(part3_demo.resp_pool))))
+        printed = run_quietly(scenarios(r, lambda: numbers.clear() or r.names.clear(),
+                                        ("line-pool", part3_demo.line_pool), ("resp-pool", part3_demo.resp_pool)))
     return r, printed
 
 
@@ -364,14 +357,9 @@ def record_tagged():
         elif name == "replies":  # after sendall(), once `written` has it
             r.log(UpstreamWrote(upstream.tagged, upstream.written[-1]))
 
-    def scenario(function):
-        def run():
-            callers["named"] = 0
-            callers["scenario"] += 1
-            function()
-        return run
+    def begin():
+        callers.update(named=0, scenario=callers["scenario"] + 1)
 
-    from part3 import part3_demo
     with Recorder() as r:
         r.tap(tagged.TaggedClient, "__init__", after=client_made)
         r.tap(tagged.TaggedClient, "call", before=lambda client, *a: caller(),
@@ -380,7 +368,6 @@ def record_tagged():
         r.tap(tagged.TaggedClient, "count", before=client_counted)
         r.tap(tagged.TaggedUpstream, "count", before=upstream_counted)
         r.tap(tagged, "key_of", after=lambda key, line: r.note(key=key))   # on the request's thread
-        printed = run_quietly(scenarios(r, ("out-of-order", scenario(part3_demo.out_of_order)),
-                                        ("slow-key", scenario(part3_demo.slow_key)),
-                                        ("late-reply", scenario(part3_demo.late_reply))))
+        printed = run_quietly(scenarios(r, begin, ("out-of-order", part3_demo.out_of_order),
+                                        ("slow-key", part3_demo.slow_key), ("late-reply", part3_demo.late_reply)))
     return r, printed
