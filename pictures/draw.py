@@ -143,11 +143,6 @@ def draw_interleave(recorder):
 
 # --- 2. headline.svg ----------------------------------------------------------------
 
-def whose_answers(recorder):
-    """For each reply in order: the clients whose bytes made the request it answers."""
-    return [senders for _, senders in request_owners(recorder)]
-
-
 def draw_headline(recorder):
     title = "Scenario 2: whole requests, one after the other: B gets A's answer"
     svg = Svg(title)
@@ -169,7 +164,7 @@ def draw_headline(recorder):
         rows.append(("note", "Upstream", f"gate: replies held until {gate} requests are in", None, False))
     routing = {e.routing for e in recorder.of(Routed)}
     how = "routed to last = {}" if routing == {"last"} else "routed to {} (routing: " + "/".join(sorted(routing)) + ")"
-    for (reply, pieces), requesters in zip(deliveries(recorder), whose_answers(recorder)):
+    for (reply, pieces), requesters in zip(deliveries(recorder), (senders for _, senders in request_owners(recorder))):
         asked = " + ".join(requesters)
         rows.append(("arrow", "Upstream", "NaiveProxy", reply, asked, False, f"the answer to {asked}'s request"))
         for client, piece in pieces:

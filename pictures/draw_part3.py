@@ -89,7 +89,8 @@ def draw_redis_panel(svg, left, top, rule, note, events, connection, shown, draw
     svg.text(left, y, f"what Redis wrote on upstream connection {connection}, reply after reply:", 12, MUTED)
     y += 10
     x = left
-    for owner, taker, data, _ in pieces(kept, deliveries):
+    parts = pieces(kept, deliveries)
+    for owner, taker, data, _ in parts:
         stolen = taker not in (owner, NEVER_READ)
         width = svg.bytes_box(x, y, data, owner, 13, wrong=stolen)
         tone = RED if stolen else (MUTED if taker == NEVER_READ else colours(taker)[1])
@@ -98,10 +99,9 @@ def draw_redis_panel(svg, left, top, rule, note, events, connection, shown, draw
         svg.line(x + width / 2, y + 26, x + width / 2, y + 30, tone, 1.5)
         x += width + 4
     y += 76
-    cut = pieces(kept, deliveries)
     request_width = max(len(visible(request)) for _, request, _, _ in deliveries)
     for client, request, start, end in deliveries:
-        got = [(owner, data) for owner, _, data, at in cut if start <= at < end]
+        got = [(owner, data) for owner, _, data, at in parts if start <= at < end]
         owners = {owner for owner, _ in got}
         whole = any(data == b"".join(d for _, d in got) for o, data in kept if o == client)
         label = f"{client} sent {visible(request):<{request_width}}"
@@ -111,14 +111,13 @@ def draw_redis_panel(svg, left, top, rule, note, events, connection, shown, draw
         x += text_width("got", 13) + 8
         for owner, data in got:
             x += svg.bytes_box(x, y - 17, data, owner, 13, wrong=owner != client) + 2
-        width = 0
         if whole:
             verdict, tone = "its whole reply", GREEN
         elif owners == {client}:
             verdict, tone = "cut: only the first line of its reply", RED
         else:
             verdict, tone = f"WRONG: bytes of {', '.join(sorted(owners - {client}))}'s reply", RED
-        svg.text(x + width + 10, y, verdict, 13, tone, bold=True)
+        svg.text(x + 10, y, verdict, 13, tone, bold=True)
         y += 32
     return y
 
