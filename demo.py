@@ -229,9 +229,10 @@ def release_trial(release, split):
             Upstream(split_at=6, pause=until_borrower_decides) if split else Upstream())
         proxy = stack.enter_context(FramedProxy(upstream.addr, pool_cap=1, release=release))
         crowd = clients(stack, proxy.addr, 8)
-        for client, word in zip(crowd, KEY_WORDS):
+        for number, (client, word) in enumerate(zip(crowd, KEY_WORDS), 1):
             client.send(request(word))
             client.sock.shutdown(socket.SHUT_WR)   # one request: the proxy closes after its reply
+            upstream.wait_requests(number)   # it has the connection: the next borrows after it, in name order
         return sum(client.read_to_eof() == answer(request(word)[:-1])
                    for client, word in zip(crowd, KEY_WORDS))
 

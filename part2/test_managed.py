@@ -785,9 +785,10 @@ def test_hooks_that_call_load_from_4_threads_x_200_calls_never_deadlock():
         workers = [in_background(lambda n=n: [managed_set.call(b"GET k%d\n" % n) for _ in range(200)])
                    for n in range(4)]
         assert [worker.result() for worker in workers] == [[b"k%d=KKKKKKKKKKKK\n" % n] * 200 for n in range(4)]
-        # per call: pick() and call() ask availability, the set notes the attempt; per client, 2
-        # transitions and one more ask, by the call that connected it, once it is up
-        assert managed_set.attempts == 800 and len(loads) == 800 * 3 + 3 * len(managed_set.clients[0])
+        # per call: pick() and call() ask availability, the set notes the attempt, the client tells
+        # of its request sent and its reply; per client, 2 transitions and one more ask, by the call
+        # that connected it, once it is up
+        assert managed_set.attempts == 800 and len(loads) == 800 * 5 + 3 * len(managed_set.clients[0])
         managed_set.shut_down()
 
 
@@ -1004,3 +1005,25 @@ def test_difference_pick_asks_the_cache_about_every_service_before_it_chooses():
                              rcache=ReliabilityCache(availability=lambda addr: asked.append(addr) or True))
     assert managed_set.pick()[1] == 0 and asked == [A, B]
     managed_set.shut_down()
+
+
+def test_on_event_tells_of_each_request_sent_call_timed_out_and_reply_with_the_calls_owed_then():
+    clock, told = VirtualClock(), []
+    with FaultyUpstream(hold={1}) as upstream:
+        client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock,
+                               on_event=lambda source, event: told.append(event))
+        apple = in_background(client.call, b"GET apple\n")
+        upstream.wait_held(1)
+        clock.advance(1.0)
+        assert apple.result() == "MessageTimeout: no reply within 1.0s"
+        upstream.release()
+        client.wait_discarded(1)   # apple's late reply, queued by the reader, told once the lock is let go
+        client.shut_down()
+    steps = [event for event in told if event[0] != "transition"]
+    assert [(kind, t, owed, ended) for kind, t, _, owed, ended, *_ in steps] == [
+        ("sent", 0.0, ((b"GET apple\n", False),), False),
+        ("timed out", 1.0, ((b"GET apple\n", True),), False),
+        ("reply", 1.0, (), False)]
+    assert steps[0][5] == steps[1][5] == b"GET apple\n"
+    assert steps[2][5] == b"apple=AAAAAAAAAAAA\n" and steps[2][6].request == b"GET apple\n" and steps[2][6].abandoned
+    assert len({id(event[2]) for event in steps}) == 1   # one connection, told as the same object
