@@ -20,13 +20,15 @@ managed:
 part3:
 	$(PYTHON) demo.py --part3
 
-# Part three needs a real redis-server on PATH: `make test` installs Debian's package
-# when there is none (as root, with no stdin, as CI runs). Where that cannot be done,
-# it says how, and Part three's tests skip, except under CI=true, where they fail.
+# Part three needs a real redis-server on PATH, and its tests drive it with real clients,
+# redis-cli and redis-benchmark (Debian's redis-tools): `make test` installs both packages
+# when one is missing (as root, with no stdin, as CI runs). Where that cannot be done,
+# it says how, and those tests skip, except under CI=true, where they fail.
 redis-server:
-	@command -v redis-server >/dev/null || { export DEBIAN_FRONTEND=noninteractive; \
-	   apt-get update && apt-get install -y --no-install-recommends redis-server < /dev/null; } || \
-	   echo "make: could not install redis-server; as root: apt-get install redis-server"
+	@{ command -v redis-server && command -v redis-cli && command -v redis-benchmark; } >/dev/null || \
+	   { export DEBIAN_FRONTEND=noninteractive; apt-get update && \
+	     apt-get install -y --no-install-recommends redis-server redis-tools < /dev/null; } || \
+	   echo "make: could not install redis-server; as root: apt-get install redis-server redis-tools"
 
 $(VENV_PYTHON): requirements-test.txt
 	$(PYTHON) -m venv $(VENV)

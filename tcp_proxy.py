@@ -585,10 +585,16 @@ class FramedProxy(Server):
 
     def more_before(self, sock, deadline):
         """more_of_reply(), waiting no longer than reply_timeout, nor past the deadline."""
+        late = TimeoutError(f"no whole reply within {self.exchange_timeout:g} s")
         if (remaining := deadline - time.monotonic()) <= 0:
-            raise TimeoutError(f"no whole reply within {self.exchange_timeout:g} s")
+            raise late
         sock.settimeout(min(self.reply_timeout or remaining, remaining))
-        return more_of_reply(sock)
+        try:
+            return more_of_reply(sock)
+        except TimeoutError:   # a silence: the socket's own "timed out", unless the deadline passed
+            if time.monotonic() >= deadline:
+                raise late from None
+            raise
 
     # The checks a production pool makes before it lends a connection again: the
     # upstream must not have said anything out of turn. scaffolding.faults.TrustingPool switches
