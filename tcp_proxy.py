@@ -560,14 +560,17 @@ class FramedProxy(Server):
         buffer = bytearray(buffer)   # grows in place: reading a long reply stays linear
         deadline = time.monotonic() + self.exchange_timeout   # for the whole reply, however it trickles
         if self.release == "framed":   # over when the framing finds the reply's end
-            size = self.framing.reply_parser()   # keeps its place: a reply is parsed once
-            while (end := self.frame(size, buffer)) is None:
-                if len(buffer) > self.framing.max_reply:
-                    raise OutOfStep(f"out of step: a reply longer than {self.framing.max_reply} bytes")
-                if buffer:
-                    self.count("partial_replies")
-                buffer += self.more_before(sock, deadline)
-            return bytes(buffer[:end]), bytes(buffer[end:])
+            parse = self.framing.reply_parser()   # keeps its place: a reply is parsed once
+            try:
+                while (size := parse(buffer)) is None:
+                    if len(buffer) > self.framing.max_reply:
+                        raise OutOfStep(f"out of step: a reply longer than {self.framing.max_reply} bytes")
+                    if buffer:
+                        self.count("partial_replies")
+                    buffer += self.more_before(sock, deadline)
+            except ValueError as error:   # bytes no reply starts with: the upstream is out of step
+                raise OutOfStep(f"out of step: {error}") from None
+            return bytes(buffer[:size]), bytes(buffer[size:])
         # "timeout": over when the upstream, once it has begun, says nothing for release_timeout
         buffer += self.more_before(sock, deadline)
         poller = select.poll()   # not select(): that fails on descriptors above 1023
@@ -576,25 +579,17 @@ class FramedProxy(Server):
             buffer += self.more_before(sock, deadline)
         return bytes(buffer), b""
 
-    def frame(self, size, buffer):
-        """size(buffer), where a reply no request can get (ValueError) is the upstream out of step."""
-        try:
-            return size(buffer)
-        except ValueError as error:
-            raise OutOfStep(f"out of step: {error}") from None
-
     def more_before(self, sock, deadline):
         """more_of_reply(), waiting no longer than reply_timeout, nor past the deadline."""
-        late = TimeoutError(f"no whole reply within {self.exchange_timeout:g} s")
-        if (remaining := deadline - time.monotonic()) <= 0:
-            raise late
-        sock.settimeout(min(self.reply_timeout or remaining, remaining))
         try:
+            if (remaining := deadline - time.monotonic()) <= 0:
+                raise TimeoutError("the deadline has passed")
+            sock.settimeout(min(self.reply_timeout or remaining, remaining))
             return more_of_reply(sock)
-        except TimeoutError:   # a silence: the socket's own "timed out", unless the deadline passed
-            if time.monotonic() >= deadline:
-                raise late from None
-            raise
+        except TimeoutError:
+            if time.monotonic() < deadline:
+                raise   # a silence longer than reply_timeout: the socket's own "timed out"
+            raise TimeoutError(f"no whole reply within {self.exchange_timeout:g} s") from None
 
     # The checks a production pool makes before it lends a connection again: the
     # upstream must not have said anything out of turn. scaffolding.faults.TrustingPool switches
