@@ -91,7 +91,7 @@ bench-tools:
 
 # The randomized proof at 10,000 examples instead of the suite's 200 (minutes, not seconds).
 soak: $(VENV_PYTHON)
-	SOAK=10000 $(VENV_PYTHON) -m pytest -q tests/test_properties.py part3/test_resp.py part3/test_tagged.py
+	SOAK=10000 $(VENV_PYTHON) -m pytest -q tests/test_properties.py part3/test_resp.py part3/test_real_clients.py part3/test_tagged.py
 
 clean:
 	rm -rf $(VENV) .demo-hashes .managed-hashes .part3-hashes .pytest_cache .hypothesis .ruff_cache

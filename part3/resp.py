@@ -98,7 +98,7 @@ class Parser:
         match, limit = BULK.match, self.max_size
         while still and (bulk := match(buffer, position)):
             data_end = bulk.end() + int(bulk[1])
-            if data_end > received - 2 or data_end - position > limit or buffer[data_end:data_end + 2] != b"\r\n":
+            if data_end > received - 2 or data_end + 2 > limit or buffer[data_end:data_end + 2] != b"\r\n":
                 break   # not all here yet, or wrong: the line by line path says which
             position = data_end + 2
             still -= 1
@@ -115,8 +115,8 @@ class Parser:
             raise ValueError(f"a RESP line ended by a bare \\n: {bytes(buffer[self.position:bare + 1][:40])!r}")
         if end < 0 or end + 1 == len(buffer):   # not ended yet (or b"\r" is the last byte so far)
             self.searched = len(buffer) if end < 0 else end
-            if self.searched - self.position > self.max_size:
-                raise ValueError(f"a RESP line longer than {self.max_size} bytes")
+            if self.searched > self.max_size:
+                raise ValueError(f"a message longer than {self.max_size} bytes, and not over")
             return None
         if buffer[end + 1] != ord(b"\n"):
             raise ValueError(f"a \\r not followed by \\n: {bytes(buffer[self.position:end + 2][:40])!r}")
@@ -147,6 +147,8 @@ class Parser:
             self.still_to_read += max(length, 0)   # *-1, the null array, holds nothing
         elif length >= 0:
             self.bulk_end = self.position + length
+            if self.bulk_end + 2 > self.max_size:   # the whole message is bounded, not only each part
+                raise ValueError(f"a message longer than {self.max_size} bytes: {kind + line!r}")
 
     def _inline(self, buffer):
         """An inline command: one line, ended by b"\\n" or b"\\r\\n", with no other b"\\r" in it."""

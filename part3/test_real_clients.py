@@ -87,6 +87,7 @@ def test_request_size_by_hand(buffer, size):
     b"*1\r\n$-1\r\n",
     b"*x\r\n", b"*1\n",
     b"*2000000\r\n",                        # longer than max_request: it could never be buffered
+    b"*2\r\n$600000\r\n" + b"x" * 600000 + b"\r\n$600000\r\n",   # each part fits; the whole would not
     b"G" * (resp.MAX_INLINE + 1),
 ])
 def test_a_malformed_request_is_a_value_error(buffer):
