@@ -451,6 +451,7 @@ class FramedProxy(Server):
 
     Methods a subclass may override (demo's scenarios and Part two do):
       handle(client)            read the client's requests, write each reply back
+      requests(client)          the client's whole requests, in order, as the framing cuts them
       exchange(request)         one request's whole trip: checkout, send, read, check, checkin
       read_reply(sock, buffer)  where the reply ends: the load-bearing method
       in_step(request, reply, rest), quiet(sock)
