@@ -447,7 +447,7 @@ class FramedProxy(Server):
     (an empty request; for Redis, what cannot be shared), and how an error is written.
     The deadlines, each costing the client an error in the protocol's form: the upstream
     silent for reply_timeout (5 s) mid-reply; the whole reply not in within exchange_timeout
-    (10 s), however it trickles; no connection free for a borrower within checkout_timeout (10 s).
+    (10 s), however it trickles; no connection free for a borrower within checkout_timeout (5 s).
 
     Methods a subclass may override (demo's scenarios and Part two do):
       handle(client)            read the client's requests, write each reply back
@@ -465,7 +465,7 @@ class FramedProxy(Server):
     framing = LINES   # what a subclass that skips __init__ (Part two's ManagedProxy) frames with
 
     def __init__(self, upstream_addr, pool_cap=1, release="framed", release_timeout=0.05,
-                 framing=LINES, reply_timeout=5.0, exchange_timeout=10.0, checkout_timeout=10.0):
+                 framing=LINES, reply_timeout=5.0, exchange_timeout=10.0, checkout_timeout=5.0):
         if release not in ("framed", "timeout"):
             raise ValueError(f"release is 'framed' or 'timeout', not {release!r}")
         super().__init__()
