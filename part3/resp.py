@@ -47,6 +47,7 @@ MAX_INLINE = 64 * 1024  # the longest inline command (redis-server's own limit)
 
 LENGTH = re.compile(rb"-1|0|[1-9][0-9]{0,17}")   # a length or count: canonical, or -1 for null
 INTEGER = re.compile(rb"-?(0|[1-9][0-9]{0,18})")
+CR, LF = b"\r\n"   # as integers, what indexing a buffer gives
 BULK = re.compile(rb"\$(0|[1-9][0-9]{0,17})\r\n")   # a bulk string's line, the common case, read in one step
 INLINE_SPACE = re.compile(rb"[ \t\v\f]+")   # what separates an inline command's words
 
@@ -94,12 +95,12 @@ class Parser:
     def _whole_bulk_strings(self, buffer):
         """Read the whole bulk strings that come next in one tight loop (a long array of them
         is the common long reply); True if there was one. Anything else is left to the rest."""
-        position, still, received = self.position, self.still_to_read, len(buffer)
-        match, limit = BULK.match, self.max_size
+        position, still, usable = self.position, self.still_to_read, min(len(buffer), self.max_size)
+        match = BULK.match
         while still and (bulk := match(buffer, position)):
             data_end = bulk.end() + int(bulk[1])
-            if data_end > received - 2 or data_end + 2 > limit or buffer[data_end:data_end + 2] != b"\r\n":
-                break   # not all here yet, or wrong: the line by line path says which
+            if data_end + 2 > usable or buffer[data_end] != CR or buffer[data_end + 1] != LF:
+                break   # not all here yet, too long, or wrong: the line by line path says which
             position = data_end + 2
             still -= 1
         read = self.still_to_read - still
