@@ -22,7 +22,7 @@ from conftest import need_redis
 from part3 import resp
 from part3.resp import RESP
 from scaffolding import redis_server
-from tcp_proxy import LINES, FramedProxy, Server, read_lines
+from tcp_proxy import LINES, MAX_LINE, FramedProxy, Server, read_lines
 
 EXAMPLES = int(os.environ.get("SOAK", "40"))
 
@@ -112,6 +112,15 @@ def test_pipelined_arrays_cut_anywhere_are_framed_back_one_by_one_as_sent(reques
             size = RESP.request_parser()
     assert framed == sent and buffer == b""
     assert [resp.words(request) for request in framed] == requests
+
+
+def test_the_line_framing_frames_requests_by_line_and_refuses_a_bare_carriage_return_and_an_overlong_line():
+    assert [LINES.request_size(buffer) for buffer in (b"GET a\nGET b\n", b"GET a\r\n", b"GET a", b"\n")] == \
+        [6, 7, None, 1]
+    for malformed in (b"GET a\rGET b\n", b"G" * (MAX_LINE + 1)):
+        with pytest.raises(ValueError):
+            LINES.request_size(malformed)
+    assert (LINES.refusal(b"\r\n"), LINES.refusal(b"GET a\n")) == ("an empty request", None)
 
 
 def test_words_and_fits_see_the_real_command_not_the_arrays_count():
