@@ -419,10 +419,13 @@ def race(trials):
 
 # --- the runner -------------------------------------------------------------------
 
-def run(scenarios):
-    """Run the scenarios; print the transcript only if every one of them finished."""
+def run(scenarios, only=None):
+    """Run the scenarios (or the one named `only`, under the number it has in the full
+    run); print the transcript only if every one of them finished."""
     transcript = io.StringIO()
     for number, (name, title, scenario) in enumerate(scenarios, 1):
+        if only not in (None, name):
+            continue
         with contextlib.redirect_stdout(transcript):
             print(f"== {number}. {title} ==")
             try:
@@ -464,11 +467,9 @@ def main(argv=None):
         for name, title, _ in scenarios:
             print(f"{name:<12} {title}")
         return 0
-    if options.only:
-        scenarios = [s for s in scenarios if s[0] == options.only]
-        if not scenarios:
-            parser.error(f"no scenario named {options.only!r}; --list names them")
-    return run(scenarios)
+    if options.only and options.only not in [name for name, _, _ in scenarios]:
+        parser.error(f"no scenario named {options.only!r}; --list names them")
+    return run(scenarios, options.only)
 
 
 if __name__ == "__main__":
