@@ -260,7 +260,6 @@ def figures():
         f"{clients}/1 = {clients:.1f}",
         # scenario 6: the paused reply
         f"first {split} bytes",
-        f"remaining {len(alpha) - split} bytes",
         f"{timeout} s",
         f"0/{clients}",
         f"{clients}/{clients}",

@@ -154,3 +154,13 @@ def test_part_three_verdicts_follow_their_rows():
     assert part3.late_reply_verdict([1], 1, False) == (
         "  verdict: the late reply carried id 1, which no call is owed any more: dropped, "
         "but the connection did not serve on")
+
+
+# --- Part two's per-reply verdict --------------------------------------------------------
+
+def test_managed_reply_verdict_tells_an_error_from_another_keys_value():
+    from part2.managed_demo import right
+    assert right("GET banana", "banana=BBBBBBBBBBBB") == "right"
+    assert right("GET banana", "apple=AAAAAAAAAAAA") == "WRONG"
+    assert right("GET banana", "MessageLost: upstream out of step: a reply did not fit its request") == (
+        "an error, not a value")
