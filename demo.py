@@ -3,7 +3,7 @@ same bytes on every run.
 
     python3 demo.py                  every scenario, in order
     python3 demo.py --list           the scenarios' names
-    python3 demo.py --only NAME      one scenario
+    python3 demo.py --only NAME      one scenario, under its number in the full run
     python3 demo.py --race [--trials N]
                                      the same questions unscripted: one run's numbers
     python3 demo.py --managed        the reliability layer's scenarios (managed.py)
