@@ -3,7 +3,7 @@ same bytes on every run.
 
     python3 demo.py                  every scenario, in order
     python3 demo.py --list           the scenarios' names
-    python3 demo.py --only NAME      one scenario
+    python3 demo.py --only NAME      one scenario, under its number in the full run
     python3 demo.py --race [--trials N]
                                      the same questions unscripted: one run's numbers
     python3 demo.py --managed        the reliability layer's scenarios (managed.py)
@@ -54,6 +54,8 @@ def interleave():
         print(parsed_line(upstream))
         print(f"  A received  {show(a.read_to_eof())}")
         print(f"  B received  {show(b.read_to_eof())}")
+        sent = sum(len(chunk) for chunk in a.sent + b.sent)
+        print(f"  bytes: {sent} sent, {proxy.forwarded} forwarded, {upstream.bytes_in} received upstream")
         print(interleave_verdict([a.sent, b.sent], proxy.forwarded, upstream.bytes_in, upstream.parsed))
 
 
@@ -65,8 +67,7 @@ def interleave_verdict(sent_by_client, forwarded, received, parsed):
     nobody = sum(line not in meant for line in parsed)
     accounting = ("nothing lost, nothing doubled" if sent == forwarded == received
                   else f"{sent - received} bytes lost or doubled on the way")
-    return (f"  verdict: {sent} bytes sent, {forwarded} forwarded, {received} received upstream: "
-            f"{accounting}, and the upstream parsed {nobody} requests that nobody sent")
+    return f"  verdict: {accounting}, and the upstream parsed {nobody} requests that nobody sent"
 
 
 def misdelivery(routing):
@@ -160,6 +161,7 @@ def passthrough_verdict(right, asked, client_connections, upstream_connections):
 
 
 def pool_caps():
+    print(f"  8 clients x {ROUNDS} requests at once, each waiting for its answer: at most 8 in flight")
     print("  pool_cap  right  connections opened  requests per connection")
     rows = []
     for cap in (1, 2, 4, 8, 16):
@@ -184,26 +186,46 @@ def pool_caps_verdict(rows, asked, in_flight):
     return f"  verdict: {correctness}; {growth}"
 
 
+SPLIT_AT = 6   # scenario 6's split upstream writes a reply's first SPLIT_AT bytes, then pauses
+
+
 def release_rules():
     print("  release  upstream writes each reply      right")
     right = {}
     for release in ("framed", "timeout"):
         for split in (False, True):
-            right[release, split] = release_trial(release, split)
+            received = release_received(release, split)
+            right[release, split] = right_of(received)
             pattern = "in two parts, paused between" if split else "in one write"
             print(f"  {release:<7}  {pattern:<30}  {right[release, split]}/8")
-    print(release_verdict(right, asked=8))
+    heads, ends = paused_deliveries(received)   # the last trial: timeout, paused
+    print(f"  timeout, paused: {heads} client received the first {SPLIT_AT} bytes of its own answer, "
+          f"{ends} the end of another client's answer first")
+    print(release_verdict(right, asked=8, paused=(heads, ends)))
 
 
-def release_verdict(right, asked):
-    """right: (release rule, reply split?) -> right answers of `asked`."""
+def paused_deliveries(received):
+    """received: (key, bytes its client read) per client of a paused trial. How many
+    read just the first SPLIT_AT bytes of their own answer, and how many began with
+    the end of another client's answer (the part after SPLIT_AT, or all of it)."""
+    whole = {word: answer(request(word)[:-1]) for word, _ in received}
+    heads = sum(data == whole[word][:SPLIT_AT] for word, data in received)
+    ends = sum(any(data.startswith(whole[other][cut:]) for other in whole if other != word
+                   for cut in (0, SPLIT_AT)) for word, data in received)
+    return heads, ends
+
+
+def release_verdict(right, asked, paused=(0, 0)):
+    """right: (release rule, reply split?) -> right answers of `asked`; paused: what
+    paused_deliveries() found in the timeout rule's paused trial."""
     if right["framed", True] == right["framed", False] == asked:
         framed = "the delimiter never notices the pause"
     else:
         framed = f"the framed pool gets {right['framed', True]}/{asked} when the reply pauses"
-    if right["timeout", True] == 0:
-        timeout = ("the timeout releases the connection mid-reply every time, and every later "
-                   "borrower reads the tail of the answer before its own")
+    heads, ends = paused
+    if right["timeout", True] == 0 and heads + ends == asked:
+        timeout = (f"the timeout rule ends a reply at its pause, and {ends} of {asked} clients "
+                   f"begin with the end of someone else's answer")
     elif right["timeout", True] == asked:
         timeout = "the timeout pool survives the pause too"
     else:
@@ -213,6 +235,16 @@ def release_verdict(right, asked):
 
 def release_trial(release, split):
     """8 clients, one request each, through a pool of one connection; right answers."""
+    return right_of(release_received(release, split))
+
+
+def right_of(received):
+    """How many (key, bytes read) pairs hold exactly the answer to a GET of their key."""
+    return sum(data == answer(request(word)[:-1]) for word, data in received)
+
+
+def release_received(release, split):
+    """release_trial's run: (key asked for, bytes its client read) per client."""
     proxy = None
 
     def until_borrower_decides(reply_number):
@@ -226,15 +258,14 @@ def release_trial(release, split):
 
     with contextlib.ExitStack() as stack:
         upstream = stack.enter_context(
-            Upstream(split_at=6, pause=until_borrower_decides) if split else Upstream())
+            Upstream(split_at=SPLIT_AT, pause=until_borrower_decides) if split else Upstream())
         proxy = stack.enter_context(FramedProxy(upstream.addr, pool_cap=1, release=release))
         crowd = clients(stack, proxy.addr, 8)
         for number, (client, word) in enumerate(zip(crowd, KEY_WORDS), 1):
             client.send(request(word))
             client.sock.shutdown(socket.SHUT_WR)   # one request: the proxy closes after its reply
             upstream.wait_requests(number)   # it has the connection: the next borrows after it, in name order
-        return sum(client.read_to_eof() == answer(request(word)[:-1])
-                   for client, word in zip(crowd, KEY_WORDS))
+        return [(word, client.read_to_eof()) for client, word in zip(crowd, KEY_WORDS)]
 
 
 def serialised():
@@ -337,8 +368,11 @@ def dishonest_verdict(rows, expected, lie=b"EXTRA\n"):
     asked = len(in_turn)
     if trusting_right == asked:
         trust = "the pool that trusts hands out every answer right"
-    elif in_turn == stream[:asked]:
-        trust = "one line nobody asked for shifts every later reply by one"
+    elif in_turn == stream[:asked]:   # borrower k read line k of the stream; its answer is further on
+        shifts = [stream.index(expected[name][turn]) - (2 * turn + (name == "B"))
+                  for turn in range(ROUNDS) for name in "AB"]
+        trust = (f"in turn, the borrowers read {', '.join(map(str, shifts))} lines behind their own answers: "
+                 + ("each lie adds one" if shifts == list(range(asked)) else "the shift varies"))
     else:
         trust = f"the pool that trusts hands out {asked - trusting_right} of {asked} wrong"
     _, checked_right, dirty = rows["FramedProxy"]
@@ -349,10 +383,10 @@ def dishonest_verdict(rows, expected, lie=b"EXTRA\n"):
 
 SCENARIOS = [
     ("interleave", "Two clients' bytes interleave on one upstream socket", interleave),
-    ("headline", "Whole requests, one after the other: B gets A's answer", headline),
-    ("broadcast", "The other routing rule: everyone gets everything", broadcast),
-    ("passthrough", "One upstream connection per client: right, and 1:1", passthrough),
-    ("pool", "A pool that parses: right at every cap", pool_caps),
+    ("headline", "Whole requests, one after the other", headline),
+    ("broadcast", "The other routing rule: broadcast", broadcast),
+    ("passthrough", "One upstream connection per client", passthrough),
+    ("pool", "A pool that parses, cap by cap", pool_caps),
     ("release", "Release rule x upstream write pattern, pool cap 1", release_rules),
     ("boundary", "The blind relay with one request in flight", serialised),
     ("half-close", "A client half-closes while the upstream still holds its reply",
@@ -420,10 +454,13 @@ def race(trials):
 
 # --- the runner -------------------------------------------------------------------
 
-def run(scenarios):
-    """Run the scenarios; print the transcript only if every one of them finished."""
+def run(scenarios, only=None):
+    """Run the scenarios (or the one named `only`, under the number it has in the full
+    run); print the transcript only if every one of them finished."""
     transcript = io.StringIO()
     for number, (name, title, scenario) in enumerate(scenarios, 1):
+        if only not in (None, name):
+            continue
         with contextlib.redirect_stdout(transcript):
             print(f"== {number}. {title} ==")
             try:
@@ -465,11 +502,9 @@ def main(argv=None):
         for name, title, _ in scenarios:
             print(f"{name:<12} {title}")
         return 0
-    if options.only:
-        scenarios = [s for s in scenarios if s[0] == options.only]
-        if not scenarios:
-            parser.error(f"no scenario named {options.only!r}; --list names them")
-    return run(scenarios)
+    if options.only and options.only not in [name for name, _, _ in scenarios]:
+        parser.error(f"no scenario named {options.only!r}; --list names them")
+    return run(scenarios, options.only)
 
 
 if __name__ == "__main__":

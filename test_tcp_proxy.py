@@ -320,7 +320,16 @@ def test_demo_list_names_the_nine_scenarios_and_only_runs_one(capsys):
     assert names == ["interleave", "headline", "broadcast", "passthrough", "pool", "release",
                      "boundary", "half-close", "dishonest"]
     assert demo.main(["--only", "headline"]) == 0
-    assert capsys.readouterr().out.startswith("== 1. Whole requests, one after the other")
+    assert capsys.readouterr().out.startswith("== 2. Whole requests, one after the other")
+
+
+def test_only_keeps_the_number_a_scenario_has_in_the_full_run_for_every_part(capsys):
+    # the one runner serves demo.py, --managed and --part3: --only runs one of any list
+    scenarios = [(name, f"Scenario {name}", lambda name=name: print(f"  ran {name}")) for name in "abc"]
+    assert demo.run(scenarios, only="c") == 0
+    assert capsys.readouterr().out == "== 3. Scenario c ==\n  ran c\n\n"
+    assert demo.main(["--managed", "--only", "failover"]) == 0
+    assert capsys.readouterr().out.startswith("== 4. Failover with a reliability cache")
 
 
 def test_demo_with_a_hook_that_times_out_prints_no_transcript_and_names_the_scenario(capsys):

@@ -215,7 +215,8 @@ NOBODY = "nobody"     # the owner of bytes no request asked for
 
 def record_release():
     """Scenario 6, the demo's own four trials; release.svg draws the two with a paused reply."""
-    return record_pool(demo.release_rules, "release_trial", lambda release, split: (release, split))
+    return record_pool(demo.release_rules, "release_received", lambda release, split: (release, split),
+                       score=demo.right_of)
 
 
 KIND_ORDER = {Borrowed: 0, Wrote: 1, Partial: 2, Read: 3, Checkin: 4}

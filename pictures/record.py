@@ -168,9 +168,10 @@ def record_naive_relay(scenario):
     return r, printed
 
 
-def record_pool(scenario, trial_function, label_of):
+def record_pool(scenario, trial_function, label_of, score=None):
     """A FramedProxy scenario of demo.py, each trial of it (`trial_function`, named by
-    label_of(its arguments)) borrow by borrow: (Recorder, what it printed)."""
+    label_of(its arguments), its right answers score(its result)) borrow by borrow:
+    (Recorder, what it printed)."""
     trial = {}   # this trial's borrows, replies, partial reads and connection numbers
 
     def begin(*args):
@@ -209,7 +210,7 @@ def record_pool(scenario, trial_function, label_of):
         r.name_demo_clients()
         r.name_pool_requests()
         r.tap(demo, trial_function, before=begin,
-              after=lambda result, *args: r.log(TrialEnd(label_of(*args), result if isinstance(result, int) else None)))
+              after=lambda result, *args: r.log(TrialEnd(label_of(*args), score(result) if score else None)))
         r.tap(FramedProxy, "checkout", after=borrowed)
         r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(Read(
             r.thread.exchange, r.thread.client, result[0], number(sock.getsockname()))))

@@ -80,7 +80,7 @@ def test_the_runs_that_draw_scenarios_1_and_2_print_the_transcripts_lines(runs):
     assert recorded["interleave.svg"][1] == transcript_section(
         "demo.txt", "Two clients' bytes interleave on one upstream socket")
     assert recorded["headline.svg"][1] == transcript_section(
-        "demo.txt", "Whole requests, one after the other: B gets A's answer")
+        "demo.txt", "Whole requests, one after the other")
 
 
 def test_the_runs_that_draw_part_two_print_the_managed_transcripts_lines(runs):

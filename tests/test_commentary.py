@@ -214,7 +214,7 @@ def figures():
     requests = clients * rounds
     caps = re.search(r"for cap in \(([\d, ]+)\)", source_of(demo.pool_caps)).group(1)
     top_cap = max(int(cap) for cap in caps.split(","))
-    split = number_in(demo.release_trial, r"split_at=(\d+)")
+    split = demo.SPLIT_AT
     timeout = inspect.signature(FramedProxy).parameters["release_timeout"].default
     lines = code_lines(HERE / "tcp_proxy.py")
     ceiling = number_in(HERE / "test_tcp_proxy.py", r"== \d+ <= (\d+)")
@@ -260,7 +260,6 @@ def figures():
         f"{clients}/1 = {clients:.1f}",
         # scenario 6: the paused reply
         f"first {split} bytes",
-        f"remaining {len(alpha) - split} bytes",
         f"{timeout} s",
         f"0/{clients}",
         f"{clients}/{clients}",

@@ -70,8 +70,7 @@ def test_broadcast_verdict_claims_a_leak_to_everyone_only_when_each_client_holds
 
 def test_interleave_verdict_counts_lost_bytes_and_requests_nobody_sent():
     assert demo.interleave_verdict([[b"GET alpha\n"]], 10, 10, ["GET alpha"]) == (
-        "  verdict: 10 bytes sent, 10 forwarded, 10 received upstream: nothing lost, nothing doubled, "
-        "and the upstream parsed 0 requests that nobody sent")
+        "  verdict: nothing lost, nothing doubled, and the upstream parsed 0 requests that nobody sent")
     assert "4 bytes lost or doubled" in demo.interleave_verdict([[b"GET alpha\n"]], 10, 6, [])
 
 
@@ -83,11 +82,23 @@ def test_pool_caps_verdict_reports_wrong_rows_and_a_broken_growth_rule():
 
 def test_release_verdict_follows_the_framed_and_timeout_rows():
     broken = {("framed", False): 8, ("framed", True): 0, ("timeout", False): 8, ("timeout", True): 0}
-    assert demo.release_verdict(broken, asked=8).startswith(
-        "  verdict: the framed pool gets 0/8 when the reply pauses; the timeout releases")
+    assert demo.release_verdict(broken, asked=8, paused=(1, 7)) == (
+        "  verdict: the framed pool gets 0/8 when the reply pauses; the timeout rule ends a reply "
+        "at its pause, and 7 of 8 clients begin with the end of someone else's answer")
+    assert demo.release_verdict(broken, asked=8, paused=(0, 3)).endswith(
+        "the timeout pool gets 0/8 when the reply pauses")   # the tail row does not add up: no story
     healed = {**broken, ("framed", True): 8, ("timeout", True): 8}
     assert demo.release_verdict(healed, asked=8) == (
         "  verdict: the delimiter never notices the pause; the timeout pool survives the pause too")
+
+
+def test_paused_deliveries_counts_the_own_head_and_the_ends_of_other_answers():
+    alpha, bravo, charlie = (answer(b"GET " + word) for word in (b"alpha", b"bravo", b"charlie"))
+    received = [("alpha", alpha[:6]),   # the first borrower: its head, then the pause
+                ("bravo", alpha[6:] + bravo[:6]),   # the tail of alpha's answer, then its own head
+                ("charlie", bravo)]   # bravo's answer whole: bravo's borrower stopped before it came
+    assert demo.paused_deliveries(received) == (1, 2)
+    assert demo.paused_deliveries([("alpha", alpha), ("bravo", bravo)]) == (0, 0)
 
 
 def test_passthrough_serialised_and_half_close_verdicts_follow_their_rows():
@@ -98,6 +109,15 @@ def test_passthrough_serialised_and_half_close_verdicts_follow_their_rows():
     assert demo.half_close_verdict({True: b"", False: b""}, ALPHA) == (
         "  verdict: passing the EOF on as a half-close delivers 0 of its 19 bytes; "
         "closing forgets that the other direction was still open")
+
+
+def test_dishonest_verdict_computes_the_growing_shift_from_what_each_borrower_read():
+    expected = {"A": [b"a1\n", b"a2\n", b"a3\n"], "B": [b"b1\n", b"b2\n", b"b3\n"]}
+    shifted = {"A": [b"a1\n", b"b1\n", b"a2\n"], "B": [b"EXTRA\n"] * 3}   # scenario 9's rows
+    rows = {"TrustingPool": (shifted, 1, 0), "FramedProxy": (expected, 6, 6)}
+    assert demo.dishonest_verdict(rows, expected).startswith(
+        "  verdict: in turn, the borrowers read 0, 1, 2, 3, 4, 5 lines behind their own answers: "
+        "each lie adds one; ")
 
 
 @pytest.mark.parametrize("trusting_right", [6, 1])
@@ -134,3 +154,13 @@ def test_part_three_verdicts_follow_their_rows():
     assert part3.late_reply_verdict([1], 1, False) == (
         "  verdict: the late reply carried id 1, which no call is owed any more: dropped, "
         "but the connection did not serve on")
+
+
+# --- Part two's per-reply verdict --------------------------------------------------------
+
+def test_managed_reply_verdict_tells_an_error_from_another_keys_value():
+    from part2.managed_demo import right
+    assert right("GET banana", "banana=BBBBBBBBBBBB") == "right"
+    assert right("GET banana", "apple=AAAAAAAAAAAA") == "WRONG"
+    assert right("GET banana", "MessageLost: upstream out of step: a reply did not fit its request") == (
+        "an error, not a value")
