@@ -44,7 +44,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import os
 import re
 import select
 import socket
@@ -55,7 +54,7 @@ from pathlib import Path
 
 import tcp_proxy
 from part3 import resp
-from scaffolding.redis_server import RedisServer
+from scaffolding.redis_server import INSTALL_HINT, RedisServer, redis_available
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("4.5.1", "4.5.5", "8.1.0")   # affected, fixed, the newest the index served (pinned)
@@ -410,6 +409,9 @@ def table_row():
 
 def run_all():
     """Every pinned version's transcript, each from its own venv's python."""
+    if not redis_available():
+        print(INSTALL_HINT.replace("demo.py --part3", "part3.wild"))
+        return 0
     missing = [v for v in VERSIONS if not venv_python(v).exists()]
     if missing:
         print(f"part3.wild: no virtual environment for redis-py {', '.join(missing)}; "
