@@ -10,20 +10,26 @@ Map of the module, in reading order:
 
     words(request)      a request's words: redis-py sends each command as a RESP array
                         of bulk strings, framed here by resp.reply_size like a reply
-    Exchange            one request the relay carried: its connection, its words, and
-                        what became of its reply (let through, dropped, still held)
-    HoldingRelay        tcp_proxy.Server: one redis-server connection per client
-                        connection; requests parsed and counted; replies framed by
-                        resp.reply_size, and a reply to GET written only when a credit
+    Exchange            one request the relay carried, and what became of its reply
+                        ("passed", "held", then "let through" or "dropped")
+    Conversation        one client connection: its socket, its own redis-server
+                        connection, its exchanges
+    HoldingRelay        tcp_proxy.Server: requests parsed and counted; replies framed
+                        by resp.reply_size; a reply to GET written only when a credit
                         allows it, the oldest first; replies to anything else pass
     Client              what one redis-py client (a task) asked and what it got
-    cancelled(), control()   the two scenarios, both on one event loop
+    Reading             scaffolding on the client's side: a task waits for bytes
+    Scenario            one run, on one event loop: A cancelled while its reply is
+                        held, then B, C, D (`control`: A's reply let through first)
+    report(), carriers()   the rows, and the verdict computed from them
     main()              `python -m part3.wild` in a venv: that version's transcript;
-                        `python3 -m part3.wild --all` (make wild): every pinned venv's
+                        `python3 -m part3.wild --all` (make wild): every pinned venv's;
+                        `--table-row`: one JSON row for part3.wild_table
 
-The order of events in `cancelled` (one line, one step; every wait is on a hook):
+The order of events in the cancelled scenario (every wait is on a hook):
 
     A sends GET a ............ the relay parses it (gets = 1); its reply stays held
+    A waits to read .......... Reading sees a task parked in the read of the reply
     A is cancelled ........... redis-py 4.5.1 puts the connection back in the pool,
                                the reply to GET a still on its way; 4.5.5 closes it
     B sends GET b ............ gets = 2; the scenario grants one credit, and the
@@ -31,19 +37,21 @@ The order of events in `cancelled` (one line, one step; every wait is on a hook)
                                there through: on 4.5.1 that is a's, to B
     C, then D ................ the same, one credit each
 
-`control` differs in one step: A's reply is let through (released = 1, or dropped
+The control differs in one step: A's reply is let through (released = 1, or dropped
 if A's connection is already closed) before B borrows the connection, so redis-py's
 own check at checkout sees bytes nobody asked for ("Connection has data") and
 opens a new connection.
 
 The transcript is the same bytes on every run: no port, time or id is printed,
-nothing sleeps, and a step waits only on the relay's counters (or on a client
-task's end, which the scenario counts on the same hooks).
+nothing sleeps, and a step waits only on the relay's counters, on Reading, or on a
+client task's end (which the scenario counts on the relay's hooks).
 """
 import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import json
+import os
 import re
 import select
 import socket
@@ -241,6 +249,50 @@ def described(error):
     return f"raised {type(error).__name__}: {message}" if message else f"raised {type(error).__name__}"
 
 
+class Reading(contextlib.AbstractContextManager):
+    """Scaffolding on the client's side: which tasks wait in an asyncio StreamReader for
+    bytes (every redis-py version reads its socket through one).
+
+    The relay's `gets` says A's request has arrived, not that A has begun to wait for
+    the reply: A may still be inside the asyncio.wait_for() around its write (redis-py
+    wraps the write in one when socket_timeout is set, and 8.1.0 sets 5 s by default),
+    and Python 3.11's wait_for swallows a cancellation that lands as the write completes.
+    A cancelled there reads on, with no cancellation. So A is cancelled only once it
+    waits here, in the read of its reply.
+    """
+
+    def __init__(self):
+        self.tasks = set()    # tasks inside StreamReader._wait_for_data now
+        self.began = None     # a future the scenario awaits; set when a task starts to wait
+        self._original = asyncio.StreamReader._wait_for_data
+
+    def __enter__(self):
+        original, tasks = self._original, self.tasks
+
+        async def wait_for_data(reader, name):
+            task = asyncio.current_task()
+            tasks.add(task)
+            if self.began and not self.began.done():
+                self.began.set_result(None)
+            try:
+                return await original(reader, name)
+            finally:
+                tasks.discard(task)
+        asyncio.StreamReader._wait_for_data = wait_for_data
+        return self
+
+    def __exit__(self, *exc_info):
+        asyncio.StreamReader._wait_for_data = self._original
+
+    async def wait(self):
+        """Return once a task waits for bytes (now, or when one next begins to). With one
+        client at work, that is its read: in its own task, or in the inner task some
+        versions shield (4.3's pipeline, 4.4.4 and 4.5.4's every command)."""
+        while not self.tasks:
+            self.began = asyncio.get_running_loop().create_future()
+            await asyncio.wait_for(self.began, STEP_TIMEOUT)
+
+
 class Scenario:
     """One run: a redis-server, the relay, one redis-py pool of one connection."""
 
@@ -251,7 +303,7 @@ class Scenario:
     async def run(self, control):
         import redis.asyncio   # the venv's redis-py, the library under test
         loop = asyncio.get_running_loop()
-        with HoldingRelay(self.redis.addr) as relay, \
+        with HoldingRelay(self.redis.addr) as relay, Reading() as reading, \
                 concurrent.futures.ThreadPoolExecutor(1) as waiter:
             self.relay = relay
 
@@ -265,6 +317,7 @@ class Scenario:
                 first, *rest = self.clients
                 task = self.start(client, first)
                 await wait(lambda: relay.gets >= 1, "A's GET")
+                await reading.wait()   # A waits for its reply, which the relay holds
                 task.cancel()
                 await self.finish(task, first)
                 if control:   # A's reply arrives before B borrows the connection
@@ -304,6 +357,8 @@ class Scenario:
         except asyncio.CancelledError:
             who.outcome = "cancelled while its reply was held"
         except asyncio.TimeoutError:
+            if os.environ.get("WILD_DEBUG"):
+                task.print_stack(file=sys.stderr)
             task.cancel()
             who.outcome = f"no reply within {STEP_TIMEOUT:g} s"
         except Exception as error:   # what redis-py raised is the finding
@@ -403,8 +458,12 @@ def transcript():
 
 
 def table_row():
-    """One line for part3.wild_table: the verdict for a plain GET and for a pipeline."""
-    return f"{version()} {run('plain', False).verdict()} {run('pipeline', False).verdict()}"
+    """For part3.wild_table: each mode's verdict and B's row, as one JSON line."""
+    row = {"version": version()}
+    for mode in ("plain", "pipeline"):
+        scenario = run(mode, False)
+        row[mode] = {"verdict": scenario.verdict(), "B": scenario.clients[1].outcome}
+    return json.dumps(row)
 
 
 def run_all():
