@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HOME = ROOT / ".venv-wild-table"
-RELEASES = ("4.2.0", "4.3.6", "4.4.0", "4.4.1", "4.4.2", "4.4.3", "4.4.4", "4.5.0", "4.5.1",
+RELEASES = ("4.2.0", "4.3.0", "4.3.3", "4.3.5", "4.3.6", "4.4.0", "4.4.1", "4.4.2", "4.4.3", "4.4.4", "4.5.0", "4.5.1",
             "4.5.2", "4.5.3", "4.5.4", "4.5.5", "4.6.0", "5.0.8", "6.4.0", "7.4.1", "8.1.0")
 RUNS = 3   # runs per release; every cell must come out the same in each
 
