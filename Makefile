@@ -96,6 +96,7 @@ golden: wild-venvs
 # Redraw the pictures from the scenarios' runs; look at them before committing.
 pictures:
 	$(PYTHON) -m pictures
+	$(PYTHON) -m pictures.draw_wild   # part3-wild.svg, from the redis-py venvs (make wild-venvs)
 
 bench:
 	$(PYTHON) -m bench

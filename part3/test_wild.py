@@ -5,6 +5,7 @@ redis-server; without them it skips, except under CI=true, where it fails. The r
 own tests need only redis-server, and raw sockets.
 """
 import os
+import re
 import select
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from conftest import ROOT, need_redis
 from part3 import wild
+from pictures import draw_wild
 from scaffolding.redis_server import RedisServer
 
 TIMEOUT = 10.0   # seconds any read below may wait
@@ -133,3 +135,17 @@ def test_make_wild_prints_the_checked_in_transcript_mixed_up_on_4_5_1_clean_on_4
     assert run.stdout == (ROOT / "transcripts" / "wild.txt").read_bytes()
     verdicts = [line.split("(")[0].strip() for line in run.stdout.decode().splitlines() if "verdict:" in line]
     assert verdicts == ["verdict: mixed up"] + ["verdict: clean"] * 5
+
+
+def test_part3_wild_svg_is_what_the_4_5_1_and_4_5_5_runs_draw_now_byte_for_byte():
+    need_redis()
+    need_venvs()
+    drawn = draw_wild.draw({version: draw_wild.record(version) for version in draw_wild.SHOWN}).render()
+    assert (ROOT / "pictures" / draw_wild.NAME).read_text(encoding="utf-8") == drawn, \
+        "pictures/part3-wild.svg is stale: run `python3 -m pictures.draw_wild` and look at it"
+
+
+def test_wild_md_shows_part3_wild_svg_with_a_one_line_caption_under_it():
+    source = (ROOT / "part3" / "WILD.md").read_text(encoding="utf-8")
+    shown = re.findall(r"^!\[[^\]]+\]\(\.\./pictures/([\w-]+\.svg)\)\n\*[^*\n]+\*$", source, re.M)
+    assert shown == [draw_wild.NAME]

@@ -24,7 +24,8 @@ Map of the module, in reading order:
     report(), carriers()   the rows, and the verdict computed from them
     main()              `python -m part3.wild` in a venv: that version's transcript;
                         `python3 -m part3.wild --all` (make wild): every pinned venv's;
-                        `--table-row`: one JSON row for part3.wild_table
+                        `--table-row`: one JSON row for part3.wild_table; `--record`:
+                        the rows and the relay's log for pictures/draw_wild.py
 
 The order of events in the cancelled scenario (every wait is on a hook):
 
@@ -51,7 +52,6 @@ import collections
 import concurrent.futures
 import contextlib
 import json
-import os
 import re
 import select
 import socket
@@ -99,7 +99,8 @@ class Exchange:
     def name(self):
         """GET a; another command by its first three words (CLIENT SETINFO LIB-VER), not its
         value, which names the version."""
-        return " ".join(word.decode("utf-8", "replace") for word in self.words[:3 - self.held])
+        shown = self.words[:2] if self.held else self.words[:3]
+        return " ".join(word.decode("utf-8", "replace") for word in shown)
 
 
 class Conversation:
@@ -357,8 +358,6 @@ class Scenario:
         except asyncio.CancelledError:
             who.outcome = "cancelled while its reply was held"
         except asyncio.TimeoutError:
-            if os.environ.get("WILD_DEBUG"):
-                task.print_stack(file=sys.stderr)
             task.cancel()
             who.outcome = f"no reply within {STEP_TIMEOUT:g} s"
         except Exception as error:   # what redis-py raised is the finding
@@ -407,7 +406,7 @@ def run(mode, control):
         return asyncio.run(Scenario(redis, mode).run(control))
 
 
-def report(scenario, control):
+def report(scenario):
     """The rows, then the verdict computed from them."""
     lines = [row.row() for row in scenario.clients]
     for number, exchanges in enumerate(scenario.snapshot, start=1):
@@ -453,7 +452,7 @@ def transcript():
     for control, title in ((False, "cancelled: A cancelled while its reply is held, then B, C, D, one reply let through each"),
                            (True, "control: A cancelled, its reply let through before B borrows the connection")):
         lines.append(f"  {title}")
-        lines += report(run("plain", control), control)
+        lines += report(run("plain", control))
     return lines
 
 
@@ -464,6 +463,16 @@ def table_row():
         scenario = run(mode, False)
         row[mode] = {"verdict": scenario.verdict(), "B": scenario.clients[1].outcome}
     return json.dumps(row)
+
+
+def record():
+    """For pictures/draw_wild.py: each scenario's rows and the relay's log, as JSON."""
+    found = {"version": version()}
+    for control, name in ((False, "cancelled"), (True, "control")):
+        scenario = run("plain", control)
+        found[name] = {"clients": [[c.name, c.key, c.outcome] for c in scenario.clients],
+                       "connections": scenario.snapshot, "verdict": scenario.verdict()}
+    return json.dumps(found)
 
 
 def run_all():
@@ -491,6 +500,9 @@ def main(argv):
         return run_all()
     if argv == ["--table-row"]:
         print(table_row())
+        return 0
+    if argv == ["--record"]:
+        print(record())
         return 0
     print("\n".join(transcript()))
     leftover = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
