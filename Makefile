@@ -2,11 +2,12 @@
 # make check  - test, then both transcripts' determinism under load, then originality
 # make pictures - run the scenarios and redraw pictures/*.svg from what they recorded (Part three's need redis-server)
 # make lint   - pyflakes-level checks (ruff: unused and undefined names, syntax); no formatter
+# make wild   - redis-py's cancelled-reply leak with the real library, 4.5.1 against 4.5.5 and 8.1.0
 PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: demo race managed part3 redis-server test lint check golden pictures bench bench-quick bench-part3 bench-tools soak clean
+.PHONY: demo race managed part3 wild wild-venvs wild-table redis-server test lint check golden pictures bench bench-quick bench-part3 bench-tools soak clean
 
 demo:
 	$(PYTHON) demo.py
@@ -19,6 +20,28 @@ managed:
 
 part3:
 	$(PYTHON) demo.py --part3
+
+# The bug in the wild (part3/wild.py): real redis-py, each pinned version in its own
+# virtual environment, made from part3/requirements-wild-<version>.txt. Where the package
+# index cannot be reached, the venv is not made, a line says so, and `make wild` and
+# part3/test_wild.py say so too (the test fails under CI=true).
+WILD_VERSIONS := 4.5.1 4.5.5 8.1.0
+WILD_PYTHONS := $(WILD_VERSIONS:%=.venv-redis-%/bin/python)
+
+.venv-redis-%/bin/python: part3/requirements-wild-%.txt
+	@{ $(PYTHON) -m venv .venv-redis-$* && \
+	   .venv-redis-$*/bin/python -m pip install --quiet --disable-pip-version-check -r $< && \
+	   touch $@; } || { rm -rf .venv-redis-$*; \
+	   echo "make: could not install redis-py $* into .venv-redis-$* (is the package index reachable?)"; }
+
+wild-venvs: $(WILD_PYTHONS)
+
+wild: wild-venvs redis-server
+	$(PYTHON) -m part3.wild --all
+
+# Not in the suite: one venv per redis-py release tried (in .venv-wild-table/), minutes.
+wild-table: redis-server
+	$(PYTHON) -m part3.wild_table
 
 # Part three needs a real redis-server on PATH, and its tests drive it with real clients,
 # redis-cli and redis-benchmark (Debian's redis-tools): `make test` installs both packages
@@ -39,7 +62,7 @@ $(VENV_PYTHON): requirements-test.txt
 # processes keep both cores busy. One run, measured: 37.3 s (`time make test`, 295
 # tests, both cores shared with other work, load average 7.9 at the start); a quiet
 # machine takes less.
-test: $(VENV_PYTHON) redis-server
+test: $(VENV_PYTHON) redis-server wild-venvs
 	$(VENV_PYTHON) -m pytest -q -n 2
 
 # F: pyflakes' checks (unused imports and names, undefined names, redefinitions);
@@ -57,23 +80,27 @@ check: lint test
 	 for run in $$(seq 20); do $(PYTHON) demo.py | sha256sum; done | sort -u > .demo-hashes; \
 	 for run in $$(seq 20); do $(PYTHON) demo.py --managed | sha256sum; done | sort -u > .managed-hashes; \
 	 for run in $$(seq 20); do $(PYTHON) demo.py --part3 | sha256sum; done | sort -u > .part3-hashes; \
+	 for run in $$(seq 20); do $(PYTHON) -m part3.wild --all | sha256sum; done | sort -u > .wild-hashes; \
 	 echo "demo.py: $$(cat .demo-hashes)"; echo "demo.py --managed: $$(cat .managed-hashes)"; \
-	 echo "demo.py --part3: $$(cat .part3-hashes)"; \
+	 echo "demo.py --part3: $$(cat .part3-hashes)"; echo "part3.wild --all: $$(cat .wild-hashes)"; \
 	 test $$(wc -l < .demo-hashes) -eq 1 && test $$(wc -l < .managed-hashes) -eq 1 && \
-	 test $$(wc -l < .part3-hashes) -eq 1
+	 test $$(wc -l < .part3-hashes) -eq 1 && test $$(wc -l < .wild-hashes) -eq 1
 	@if [ -x ../shared/tools/originality ]; then ../shared/tools/originality; \
 	 else echo "originality: skipped, ../shared/tools/originality is not beside this clone"; fi
 
 # Rewrite the checked-in transcripts after an intended change to a demo.
-golden:
+golden: wild-venvs
 	$(PYTHON) demo.py > transcripts/demo.txt
 	$(PYTHON) demo.py --managed > transcripts/managed.txt
 	command -v redis-server >/dev/null   # without it --part3 prints only how to install it
 	$(PYTHON) demo.py --part3 > transcripts/part3.txt
+	test -x .venv-redis-4.5.1/bin/python   # without the venvs part3.wild prints only how to make them
+	$(PYTHON) -m part3.wild --all > transcripts/wild.txt
 
 # Redraw the pictures from the scenarios' runs; look at them before committing.
 pictures:
 	$(PYTHON) -m pictures
+	$(PYTHON) -m pictures.draw_wild   # part3-wild.svg, from the redis-py venvs (make wild-venvs)
 
 bench:
 	$(PYTHON) -m bench
@@ -96,5 +123,5 @@ soak: $(VENV_PYTHON)
 	SOAK=10000 $(VENV_PYTHON) -m pytest -q tests/test_properties.py part3/test_resp.py part3/test_real_clients.py part3/test_tagged.py
 
 clean:
-	rm -rf $(VENV) .demo-hashes .managed-hashes .part3-hashes .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) .venv-redis-* .venv-wild-table .demo-hashes .managed-hashes .part3-hashes .wild-hashes .pytest_cache .hypothesis .ruff_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +
