@@ -1,7 +1,10 @@
 """The managed layer's claims, each pinned with exact figures (see managed.py's map)."""
+import contextlib
 import inspect
+import math
 import os
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -17,8 +20,9 @@ from part2.managed import (ClusterServiceUnavailable, CommunicationError, Manage
                      ManagedSet, MessageLost, MessageTimeout, RealClock, ReliabilityCache, ServiceUnavailable,
                      VirtualClock)
 from conftest import ROOT
-from part2.managed_demo import ask, in_background
+from part2.managed_demo import ask, in_background, outcome
 from scaffolding.faults import FaultyUpstream
+from tcp_proxy import MAX_LINE, FramedProxy, Hooks, answer, read_lines, shutdown
 
 HERE = str(ROOT)
 A, B = ("127.0.0.2", 7001), ("127.0.0.2", 7002)   # cache keys only: nothing listens there
@@ -1004,3 +1008,229 @@ def test_difference_pick_asks_the_cache_about_every_service_before_it_chooses():
                              rcache=ReliabilityCache(availability=lambda addr: asked.append(addr) or True))
     assert managed_set.pick()[1] == 0 and asked == [A, B]
     managed_set.shut_down()
+
+
+# --- issue 17: no single fault wedges a client, and a set never refuses everything because of its own cache ---
+
+def ask_once(addr, line):
+    """One request line through a proxy; its reply read whole, however long (ask() stops at MAX_LINE)."""
+    with socket.create_connection(addr, timeout=Hooks.hook_timeout) as sock:
+        sock.sendall(line)
+        reply = b""
+        while not reply.endswith(b"\n") and (data := sock.recv(65536)):
+            reply += data
+    return reply
+
+
+def test_a_request_just_over_max_line_is_answered_whole_as_framed_proxy_answers_it_and_disables_nothing():
+    key = b"k" * (MAX_LINE + 4)   # GET and 65,540 bytes: once cut to MAX_LINE, its own reply no longer fit it
+    honest = key + b"=KKKKKKKKKKKK\n"
+    with FaultyUpstream() as upstream:
+        with FramedProxy(upstream.addr) as framed:
+            assert ask_once(framed.addr, b"GET " + key + b"\n") == honest
+        with ManagedProxy([(upstream.addr, 1)]) as proxy:   # with the set's own cache, as a user gets it
+            assert ask_once(proxy.addr, b"GET " + key + b"\n") == honest
+            assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
+            client = proxy.managed_set.clients[0][0]
+            assert (proxy.answered, proxy.failed, client.errors, client.connects) == (2, 0, 0, 1)
+            assert proxy.managed_set.rcache.disables == 0
+
+
+def test_a_callback_that_raises_is_counted_logged_once_and_changes_no_call_and_no_state(caplog):
+    seen = []
+
+    def on_event(source, event):
+        seen.append(event[1:3])
+        raise RuntimeError("a bug in the user's callback")
+    with FaultyUpstream() as upstream:
+        client = ManagedClient(upstream.addr, idle_timeout=0, msg_timeout=5.0, on_event=on_event)
+        replies = [client.call(b"GET %d\n" % n) for n in range(4)]   # each call connects: 3 transitions
+        assert replies == [b"%d=%d" % (n, n) + b"%d" % n * 11 + b"\n" for n in range(4)]
+        assert seen == [("down", "connecting"), ("connecting", "up"), ("up", "down")] * 4
+        assert (client.callback_errors, client.errors, client.connects, client.state) == (12, 0, 4, "down")
+        client.shut_down()
+    logged = [record for record in caplog.records if record.name == "part2.managed"]
+    assert len(logged) == 1 and "ManagedClient" in logged[0].getMessage() and logged[0].exc_info
+
+
+def test_a_raising_attempt_callback_never_replaces_the_reply_and_a_raising_cache_callback_changes_nothing():
+    def raises(*args):
+        raise RuntimeError("a bug in the user's callback")
+    with FaultyUpstream() as upstream:
+        managed_set = ManagedSet([(upstream.addr, 1)], rcache=ReliabilityCache(), on_event=raises)
+        assert managed_set.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"   # its "attempt ... ok" raised
+        assert managed_set.callback_errors == 1 and managed_set.clients[0][0].callback_errors == 2
+        managed_set.shut_down()
+    cache = ReliabilityCache(policy="independent", availability=raises, on_event=raises, clock=VirtualClock())
+    assert cache.is_enabled(A)   # an availability hook that raises has no say
+    cache.record_error(A)        # the window opens; its on_event raised
+    assert (cache.disables, cache.callback_errors, cache.is_enabled(A)) == (1, 2, False)
+
+
+def test_a_write_that_must_wait_on_a_descriptor_above_1023_times_out_cleanly_and_frees_the_write_turn():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"needs 2,048 descriptors, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    fillers = []   # descriptors taking every number up to 1023, so the client's socket gets a higher one
+    try:
+        while not fillers or fillers[-1] < 1024:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+        with FaultyUpstream(on_connect="deaf") as upstream:
+            client = ManagedClient(upstream.addr, msg_timeout=0.2)
+            big = in_background(client.call, b"GET " + b"k" * (64 << 20) + b"\n")   # more than buffers hold
+            assert big.result() == "MessageTimeout: request not sent within 0.2s"
+            assert (client.sent, client.written, client.errors, client.state) == (1, 0, 1, "down")
+            assert client.transition_log[-1][2] == "a request not written in time"
+            client.shut_down()
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_one_service_proxy_whose_connects_are_refused_errs_at_once_and_answers_once_its_upstream_is_back():
+    upstream = FaultyUpstream()
+    upstream.close()
+    try:
+        with ManagedProxy([(upstream.addr, 1)]) as proxy:   # the defaults, with the set's own cache
+            started = time.monotonic()
+            assert ask(proxy.addr, ["GET a", "GET b", "GET c"]) == [
+                "ERR CommunicationError: cannot connect: Connection refused"] * 3
+            assert time.monotonic() - started < 1.0   # was 10.0 s to the first ERR: two idempotent_waits
+            assert (proxy.managed_set.attempts, proxy.managed_set.retries, proxy.managed_set.refusals) == (3, 0, 0)
+            assert proxy.managed_set.panics == 2   # b and c found the only service disabled, and tried it
+            upstream.restart()
+            assert ask(proxy.addr, ["GET d"]) == ["d=DDDDDDDDDDDD"]   # inside the window the three errors opened
+            assert proxy.managed_set.panics == 3 and proxy.managed_set.rcache.is_enabled(upstream.addr)
+    finally:
+        upstream.close()
+
+
+def test_a_one_service_set_never_refuses_because_of_one_lost_message():
+    clock = VirtualClock()
+    with FaultyUpstream() as upstream:
+        managed_set = ManagedSet([(upstream.addr, 1)], clock=clock)
+        upstream.fail_next(1)
+        assert outcome(managed_set.call, b"GET a\n") == "MessageLost: upstream closed the connection"
+        assert not managed_set.rcache.is_enabled(upstream.addr)   # disabled for 1 s, and the only one
+        assert managed_set.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
+        assert (managed_set.refusals, managed_set.panics, clock.now()) == (0, 1, 0.0)
+        managed_set.shut_down()
+
+
+def test_with_every_service_disabled_by_its_own_cache_a_set_tries_the_one_whose_window_ends_first():
+    clock = VirtualClock()
+    with FaultyUpstream() as b:
+        dead_a = closed_port_addr()
+        managed_set = ManagedSet([(dead_a, 1), (b.addr, 1)], policy="failover", clock=clock)
+        managed_set.rcache.record_error(b.addr)   # B disabled from 0 to 1 s
+        clock.advance(0.5)
+        managed_set.rcache.record_error(dead_a)   # A from 0.5 to 1.5 s: B's window ends first
+        assert managed_set.call(b"GET k\n") == b"k=KKKKKKKKKKKK\n"
+        assert (managed_set.attempts, managed_set.panics, managed_set.refusals) == (1, 1, 0)
+        managed_set.rcache.record_error(b.addr)   # B again, from 0.5 to 2.5 s: now A's ends first
+        assert outcome(managed_set.call, b"GET k\n") == "CommunicationError: cannot connect: Connection refused"
+        assert (managed_set.attempts, managed_set.panics) == (2, 2)   # A refused; no service left untried
+        managed_set.rcache.configure(availability=lambda addr: False)   # a hook that refuses is obeyed
+        assert outcome(managed_set.call, b"GET k\n").startswith("ClusterServiceUnavailable")
+        managed_set.shut_down()
+    given = ReliabilityCache(policy="independent", clock=clock)   # a cache the user gives: Ocamlnet's rule
+    ocamlnet = ManagedSet([(A, 1)], rcache=given, clock=clock)
+    given.record_error(A)
+    with pytest.raises(ClusterServiceUnavailable):
+        ocamlnet.pick()
+    ocamlnet.shut_down()
+
+
+@contextlib.contextmanager
+def upstream_on_ipv6_loopback():
+    """Scaffolding: the toy protocol served on ::1, one connection at a time; yields its .addr, a 4-tuple."""
+    listener = socket.create_server(("::1", 0), family=socket.AF_INET6)
+
+    def serve():
+        with contextlib.suppress(OSError):   # shutdown() below ends accept()
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    for line in read_lines(conn):
+                        conn.sendall(answer(line))
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()
+    finally:
+        shutdown(listener)
+        thread.join()
+        listener.close()
+
+
+def test_an_upstreams_own_ipv6_address_a_4_tuple_works_for_a_client_and_a_proxy():
+    with upstream_on_ipv6_loopback() as addr:
+        assert len(addr) == 4
+        client = ManagedClient(addr)
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n" and client.state == "up"
+        client.shut_down()
+        with ManagedProxy([(addr, 1)]) as proxy:
+            assert ask(proxy.addr, ["GET b", "PING"]) == ["b=BBBBBBBBBBBB", "PONG"]
+            assert proxy.managed_set.rcache.errors == 0
+
+
+def test_a_bad_address_is_a_value_error_at_once_and_leaves_nothing_made():
+    for bad in [("::1",), ("127.0.0.1", "7001"), ("127.0.0.1", 0), ("127.0.0.1", 70000),
+                ("127.0.0.1", 7001, 0), "127.0.0.1:7001", (b"127.0.0.1", 7001), ("", 7001)]:
+        for make in (ManagedClient, lambda addr: ManagedSet([(addr, 1)]), lambda addr: ManagedProxy([(addr, 1)])):
+            with pytest.raises(ValueError, match="an address is"):
+                make(bad)
+
+
+def test_shut_down_from_callbacks_on_six_clients_own_watchdogs_shuts_every_client_and_joins_every_thread():
+    clock = VirtualClock()
+    returned = threading.Condition()   # notified as each callback's shut_down() returns
+    shut_by = set()                    # the clients whose up -> down callback shut the set down and returned
+
+    def on_event(source, event):
+        if event[1:3] == ("up", "down"):   # an idle timeout: on that client's watchdog thread
+            managed_set.shut_down()
+            with returned:
+                shut_by.add(source)
+                returned.notify_all()
+    with FaultyUpstream(gate=6) as upstream:   # no reply until six calls are in: six clients
+        managed_set = ManagedSet([(upstream.addr, 6)], clock=clock, idle_timeout=5.0, on_event=on_event)
+        calls = [in_background(managed_set.call, b"GET a\n") for _ in range(6)]
+        assert [call.result() for call in calls] == ["a=AAAAAAAAAAAA"] * 6
+        clients = list(managed_set.clients[0])
+        assert len(clients) == 6
+        clock.advance(5.0)   # every watchdog ends its connection at once; each callback shuts the set down
+        with returned:
+            assert returned.wait_for(lambda: len(shut_by) == 6, Hooks.hook_timeout), shut_by
+        assert [client.state for client in clients] == ["down"] * 6
+        assert [outcome(client.call, b"GET b\n") for client in clients] == ["ManagedError: client shut down"] * 6
+        assert sum(client.callback_errors for client in clients) == 0
+        managed_set.shut_down()   # from here: joins the thread the first callback ran on
+
+
+def test_timeouts_as_users_write_them_inf_and_1e10_mean_never_and_nan_is_a_value_error():
+    with FaultyUpstream() as upstream:
+        for never in (math.inf, 1e10):
+            for fatal in (False, True):
+                client = ManagedClient(upstream.addr, msg_timeout=never, idle_timeout=never,
+                                       msg_timeout_is_fatal=fatal, initial_ping=True)
+                assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n" and client.state == "up"
+                client.shut_down()
+    for setting in ("msg_timeout", "idle_timeout"):
+        for bad in (math.nan, "1.0", None):
+            with pytest.raises(ValueError, match=setting):
+                ManagedClient(A, **{setting: bad})
+    for bad in (math.nan, -1.0):
+        with pytest.raises(ValueError, match="idempotent_wait"):
+            ManagedSet([(A, 1)], idempotent_wait=bad)
+
+
+def test_virtual_clock_advance_refuses_nan_inf_and_negatives_and_moves_nothing():
+    clock = VirtualClock(start=1.0)
+    for bad in (math.nan, math.inf, -math.inf, -0.5):
+        with pytest.raises(ValueError, match="forward"):
+            clock.advance(bad)
+    clock.advance(0.5)
+    assert clock.now() == 1.5
