@@ -1247,7 +1247,9 @@ class ManagedProxy(FramedProxy):
     least busy one, replies matched in order. A lost, extra or mismatched reply is
     caught as out of step and costs the calls on that connection a MessageLost
     (an ERR line), never another client's reply; pass pending_calls_max=1 to keep
-    one call per connection.
+    one call per connection. framing= is FramedProxy's: with resp.RESP in front of
+    redis-server, many clients' commands pipeline over one connection, each reply
+    framed by RESP and checked by its fit (errors are still the toy's ERR lines).
     """
     counters = {**Server.counters, "answered": 0, "failed": 0}
     # answered  replies from an upstream passed back; failed  ERR lines made from a ManagedError

@@ -3,13 +3,16 @@ import contextlib
 import inspect
 import math
 import os
+import random
 import re
 import resource
 import socket
+import string
 import subprocess
 import sys
 import threading
 import time
+import types
 
 import pytest
 from hypothesis import given, settings
@@ -19,10 +22,13 @@ from part2 import managed
 from part2.managed import (ClusterServiceUnavailable, CommunicationError, ManagedClient, ManagedError, ManagedProxy,
                      ManagedSet, MessageLost, MessageTimeout, RealClock, ReliabilityCache, ServiceUnavailable,
                      VirtualClock)
-from conftest import ROOT
+from conftest import ROOT, need_redis
 from part2.managed_demo import ask, in_background, outcome
-from scaffolding.faults import FaultyUpstream
-from tcp_proxy import MAX_LINE, FramedProxy, Hooks, answer, read_lines, shutdown
+from part3.resp import RESP
+from scaffolding import kit
+from scaffolding.faults import DishonestUpstream, FaultyUpstream
+from scaffolding.redis_server import RedisControl, read_resp, redis_and_control
+from tcp_proxy import MAX_LINE, FramedProxy, Hooks, LineFraming, answer, read_lines, shutdown
 
 HERE = str(ROOT)
 A, B = ("127.0.0.2", 7001), ("127.0.0.2", 7002)   # cache keys only: nothing listens there
@@ -1234,3 +1240,82 @@ def test_virtual_clock_advance_refuses_nan_inf_and_negatives_and_moves_nothing()
             clock.advance(bad)
     clock.advance(0.5)
     assert clock.now() == 1.5
+
+
+# --- Part two over RESP (issue 18): the framing reaches every client ----------------------
+
+def test_a_reply_the_framing_cannot_read_is_out_of_step_and_costs_the_call_owed_message_lost():
+    with FaultyUpstream() as upstream:   # it answers in the toy protocol: no RESP reply ends with a bare \n
+        client = ManagedClient(upstream.addr, framing=RESP)
+        assert outcome(client.call, b"GET a\r\n").startswith(
+            "MessageLost: upstream out of step: a reply resp.RESP cannot frame (a RESP line ended by a bare \\n")
+        assert (client.errors, client.replies, client.state) == (1, 0, "down")
+        client.shut_down()
+
+
+def test_the_framings_max_reply_bounds_a_reply_that_has_not_ended():
+    class ShortLines(LineFraming):
+        max_reply = 16
+
+    with FaultyUpstream(hold={2}, split_at=20) as upstream:   # reply 2: its first 20 bytes, then held
+        client = ManagedClient(upstream.addr, framing=ShortLines())
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"   # 15 bytes
+        assert outcome(client.call, b"GET " + b"k" * 40 + b"\n") == \
+            "MessageLost: upstream out of step: a reply longer than 16 bytes"
+        upstream.release()
+        assert (client.errors, client.state) == (1, "down")
+        client.shut_down()
+    with DishonestUpstream("endless") as endless:   # MAX_LINE + 1 bytes and no end: LINES' own bound
+        client = ManagedClient(endless.addr)
+        assert outcome(client.call, b"GET a\n") == \
+            f"MessageLost: upstream out of step: a reply longer than {MAX_LINE} bytes"
+        client.shut_down()
+
+
+def test_a_managed_client_over_resp_pipelines_behind_a_blocked_call_and_matches_replies_in_order():
+    need_redis()
+    with contextlib.ExitStack() as stack:
+        redis, control = redis_and_control(stack)
+        values = [b"one", b"two", b"three", b"four"]
+        for n, value in enumerate(values):
+            assert control.command(f"SET pipelined:{n} {value.decode()}") == b"+OK\r\n"
+        client = ManagedClient(redis.addr, framing=RESP)
+        stack.callback(client.shut_down)
+        blocked = in_background(client.call, b"BLPOP gate 0\r\n")   # Redis answers nothing behind it until a push
+        client.wait_written(1)
+        gets = []
+        for n in range(4):
+            gets.append(in_background(client.call, b"GET pipelined:%d\r\n" % n))
+            client.wait_written(n + 2)
+        assert (client.replies, client.pending_calls, client.connects) == (0, 5, 1)   # five on one connection
+        assert control.command("LPUSH gate x") == b":1\r\n"
+        assert blocked.result() == "*2\r\n$4\r\ngate\r\n$1\r\nx\r"   # outcome() drops the last b"\n"
+        assert [get.result() for get in gets] == [f"${len(value)}\r\n{value.decode()}\r" for value in values]
+
+
+def test_a_managed_proxy_over_resp_gives_8_threads_their_own_random_values_over_one_redis_connection():
+    need_redis()
+    with contextlib.ExitStack() as stack:
+        redis, control = redis_and_control(stack)
+        proxy = stack.enter_context(ManagedProxy([(redis.addr, 1)], framing=RESP))
+
+        def wrong_values(seed):
+            """SET random keys to random values directly, then GET each through the proxy; count the wrong ones."""
+            chooser = random.Random(seed)
+            direct = RedisControl(redis.addr)
+            wrong = 0
+            with contextlib.closing(direct), socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as sock:
+                reader = types.SimpleNamespace(sock=sock, unread=b"")
+                for _ in range(50):
+                    key = f"managed:{seed}:{chooser.randrange(10 ** 9)}"
+                    value = "".join(chooser.choices(string.ascii_letters + string.digits, k=chooser.randint(1, 40)))
+                    assert direct.command(f"SET {key} {value}") == b"+OK\r\n"
+                    sock.sendall(f"GET {key}\r\n".encode())   # an inline command, as redis-server reads them
+                    wrong += read_resp(reader) != f"${len(value)}\r\n{value}\r\n".encode()
+            return wrong
+        workers = [kit.Background(wrong_values, seed) for seed in range(8)]
+        assert [worker.result() for worker in workers] == [0] * 8
+        (client,) = proxy.managed_set.clients[0]
+        assert (proxy.answered, proxy.failed, client.connects, client.errors) == (400, 0, 1, 0)
+        readers = [line for line in control.command("CLIENT LIST").split(b"\n") if b" cmd=get " in line]
+        assert len(readers) == 1   # every GET came over one connection (the direct ones last sent SET)
