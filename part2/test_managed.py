@@ -352,6 +352,7 @@ def test_a_failed_initial_ping_fails_every_waiting_call_and_sends_no_user_reques
         calls = [in_background(client.call, b"GET secret\n") for _ in range(2)]
         client.wait_calls(2)
         upstream.wait_requests(1)
+        client.wait_waiting(2)   # both wait on the ping: advanced sooner, one could time out as "no connection"
         assert client.state == "connecting"
         clock.advance(1.0)
         assert [call.result() for call in calls] == ["MessageTimeout: initial ping not answered within 1.0s"] * 2
