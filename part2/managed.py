@@ -282,7 +282,7 @@ class ReliabilityCache(Hooks):
     success on a port that had an entry recomputes its host from the others. A
     derived cache has its own settings (those not given are read live from its
     parent), forwards every error and success to its parent, and enables a port
-    only if its parent does too. Each cache asks only its own availability hook.
+    only if its parent does too. Each cache asks only its own availability callback.
 
     A setting given as None is inherited: read live from the parent, or for a cache
     without one the default (a RealClock for the clock). derive() passes None for
@@ -298,7 +298,9 @@ class ReliabilityCache(Hooks):
                  availability=None, clock=None, *, parent=None, on_event=None):
         super().__init__()
         self.parent, self.on_event = parent, on_event
-        self._config = {} if parent else dict(DEFAULTS)   # a derived cache holds only what it overrides
+        # Its own settings first, then, read live, its parent's ChainMap (or the defaults): a setting
+        # it does not hold is inherited. configure() swaps the own map whole, never edits it.
+        self._settings = collections.ChainMap({}, parent._settings if parent else {**DEFAULTS, "clock": RealClock()})
         self.configure(policy=policy, threshold=threshold, disable_timeout_min=disable_timeout_min,
                        disable_timeout_max=disable_timeout_max, availability=availability, clock=clock)
         self._lock = threading.Lock()   # guards _entries and _hosts
@@ -314,26 +316,21 @@ class ReliabilityCache(Hooks):
         unknown = set(config) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"unknown settings: {sorted(unknown)}")
-        changed = dict(self._config)   # checked whole before it replaces the live one
+        own = dict(self._settings.maps[0])   # checked whole before it replaces the live one
         for name, value in config.items():
-            if value is not None:
-                changed[name] = value
-            elif self.parent:
-                changed.pop(name, None)   # read live from the parent again
+            if value is None:
+                own.pop(name, None)   # inherited again: the parent's, live, or the default
             else:
-                changed[name] = DEFAULTS[name]
-        if not self.parent and changed["clock"] is None:
-            changed["clock"] = RealClock()
-        check_policy(self.setting("policy", changed))
-        if self.setting("threshold", changed) < 1 or not 0 < self.setting(
-                "disable_timeout_min", changed) <= self.setting("disable_timeout_max", changed):
+                own[name] = value
+        changed = collections.ChainMap(own, *self._settings.maps[1:])
+        check_policy(changed["policy"])
+        if changed["threshold"] < 1 or not 0 < changed["disable_timeout_min"] <= changed["disable_timeout_max"]:
             raise ValueError("threshold >= 1 and 0 < disable_timeout_min <= disable_timeout_max")
-        self._config = changed   # one assignment: no reader sees a rejected or half-made config
+        self._settings.maps[0] = own   # one assignment: no reader sees a rejected or half-made config
 
-    def setting(self, name, config=None):
-        """A setting's value: this cache's own (or `config`'s), else the parent's."""
-        config = self._config if config is None else config
-        return config[name] if name in config else self.parent.setting(name)
+    def setting(self, name):
+        """A setting's value: this cache's own, else its parent's (or the default)."""
+        return self._settings[name]
 
     @property
     def clock(self):
@@ -354,7 +351,7 @@ class ReliabilityCache(Hooks):
             call_back(cache, on_event, cache, event)
 
     def count_error(self, addr):
-        """record_error() without calling any hook: return the (on_event, cache, event)
+        """record_error() without making any callback: return the (on_event, cache, event)
         calls it owes, so a caller holding a lock can make them once it has let go."""
         self.count("errors")
         owed = []
@@ -418,7 +415,7 @@ class ReliabilityCache(Hooks):
             del self._hosts[addr[0]]
 
     def is_enabled(self, addr):
-        """True unless this port, its host, this cache's availability hook or a parent says no."""
+        """True unless this port, its host, this cache's availability callback or a parent says no."""
         if not self._available(addr):
             return False
         if self.clock.now() < self.window_end(addr):
@@ -426,7 +423,7 @@ class ReliabilityCache(Hooks):
         return self.parent.is_enabled(addr) if self.parent else True
 
     def enabled_but_for_windows(self, addr):
-        """is_enabled() as if this cache had opened no window: its availability hook and its parents'
+        """is_enabled() as if this cache had opened no window: its availability callback and its parents'
         say. A set asks it of the cache it made itself once that cache has disabled every service."""
         return self._available(addr) and (self.parent.is_enabled(addr) if self.parent else True)
 
@@ -437,8 +434,8 @@ class ReliabilityCache(Hooks):
             return max(port.disabled_until if port else -math.inf, host.disabled_until if host else -math.inf)
 
     def _available(self, addr):
-        """What this cache's own availability hook says (a parent asks its own); one that raises says yes."""
-        availability = self._config.get("availability")
+        """What this cache's own availability callback says (a parent asks its own); one that raises says yes."""
+        availability = self._settings.maps[0].get("availability")
         return not availability or call_back(self, availability, addr, otherwise=True)
 
 
@@ -610,7 +607,7 @@ class ConnectionThreads(Hooks):
             if size is not None:
                 reply = bytes(buffer[:size])
                 del buffer[:size]
-                with self._lock:   # not _locked(): a hook that calls here would wait on this very thread
+                with self._lock:   # not _locked(): a callback that calls here would wait on this very thread
                     self._deliver(connection, reply)
                 continue
             if len(buffer) > self.framing.max_reply:   # FramedProxy.read_reply()'s bound, checked the same way
@@ -759,7 +756,7 @@ class ManagedClient(ConnectionThreads):
         self.reserved_despite_cache = 0   # those of them a set made with every service disabled (see reserve())
         self.transition_log = collections.deque(maxlen=TRANSITIONS_KEPT)   # (from, to, reason), newest last
         self._calls = set()         # Calls begun and not settled (abandoned ones until their reply)
-        self._hooks_owed = []       # (owner, function, args) to call once the lock is let go
+        self._callbacks_owed = []       # (owner, function, args) to call once the lock is let go
         self._threads = []
         self._shut = False
         self._lock = threading.Condition()   # guards all the above; notified on every change
@@ -789,20 +786,20 @@ class ManagedClient(ConnectionThreads):
         self.reserved_despite_cache = max(self.reserved_despite_cache - 1, 0)
         return despite
 
-    # -- the lock and the hooks --
+    # -- the lock and the callbacks --
 
     @contextlib.contextmanager
     def _locked(self):
-        """Hold the lock; once it is let go, make the hook calls owed meanwhile."""
+        """Hold the lock; once it is let go, make the callbacks owed meanwhile."""
         try:
             with self._lock:
                 yield
         finally:
-            self._call_hooks()
+            self._make_callbacks()
 
-    def _call_hooks(self):
+    def _make_callbacks(self):
         with self._lock:
-            owed, self._hooks_owed = self._hooks_owed, []
+            owed, self._callbacks_owed = self._callbacks_owed, []
         for owner, function, args in owed:   # each one made, whatever the one before it did
             call_back(owner, function, *args)
 
@@ -813,12 +810,12 @@ class ManagedClient(ConnectionThreads):
         self.transition_log.append(transition)
         self.count("transitions")
         if self.on_event:
-            self._hooks_owed.append((self, self.on_event, (self, ("transition",) + transition)))
+            self._callbacks_owed.append((self, self.on_event, (self, ("transition",) + transition)))
 
     def _record_error(self):
         """With the lock held: count the error in the cache now, its events later."""
         for on_event, cache, event in self.rcache.count_error(self.addr):
-            self._hooks_owed.append((cache, on_event, (cache, event)))
+            self._callbacks_owed.append((cache, on_event, (cache, event)))
 
     # -- a call --
 
@@ -877,7 +874,7 @@ class ManagedClient(ConnectionThreads):
         MessageTimeout once the call's deadline has passed."""
         opened = None   # the connection this call made, if it made one
         while True:
-            # no lock held: the availability hook may call anything
+            # no lock held: the availability callback may call anything
             if not despite_cache and not self.rcache.is_enabled(self.addr):
                 raise ServiceUnavailable("the reliability cache has disabled this port")
             with self._locked():
@@ -1072,7 +1069,7 @@ class ManagedSet(Hooks):
     to 64 s), so a failed service is skipped until its window ends. That cache never
     refuses everything (Envoy's "panic"): once it has disabled every service, pick()
     takes the one whose window ends first, as if enabled, unless the global cache or
-    an availability hook refuses it too; so a one-service set never refuses because
+    an availability callback refuses it too; so a one-service set never refuses because
     of its own cache. A retry goes at once to an enabled service this call has not
     tried yet, and waits idempotent_wait only before trying a service again; a call
     whose request never left (a refused connect) with no such service left fails at
@@ -1109,7 +1106,7 @@ class ManagedSet(Hooks):
         self.own_cache = rcache is None   # its own cache never refuses every service (see pick())
         if rcache is None:   # beyond Ocamlnet, whose default cache never disables: a set of its own fails over
             rcache = global_rcache().derive(policy="independent", clock=clock)
-            rcache.on_event = on_event   # its disable windows reach the set's hook
+            rcache.on_event = on_event   # its disable windows reach the set's on_event
         self.rcache = rcache
         self.framing = framing   # where a reply ends and which replies fit a request; every client's
         self.client_options = {**client_options, "rcache": self.rcache, "framing": framing}
@@ -1132,7 +1129,7 @@ class ManagedSet(Hooks):
         ends first (untried first) is picked as if enabled, and its call does not
         ask the cache.
         """
-        # Asked before the lock is taken, every service each time: the availability hook may call anything.
+        # Asked before the lock is taken, every service each time: the availability callback may call anything.
         enabled = [self.rcache.is_enabled(addr) for addr, _ in self.services]
         panic = self._panic_pick(tried) if self.own_cache and not any(enabled) else None
         with self._lock:
@@ -1153,7 +1150,7 @@ class ManagedSet(Hooks):
 
     def _panic_pick(self, tried):
         """With every service disabled: the index of the one to try anyway, or None. Only the
-        set's own cache is overruled: a service its parents or an availability hook refuse stays out."""
+        set's own cache is overruled: a service its parents or an availability callback refuse stays out."""
         allowed = [index for index, (addr, _) in enumerate(self.services)
                    if self.rcache.enabled_but_for_windows(addr)]
         ends = {index: self.rcache.window_end(self.services[index][0]) for index in allowed}
