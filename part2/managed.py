@@ -15,12 +15,15 @@ Map of the module, in reading order:
                               now(), sleep(seconds), wait(condition, deadline),
                               watch(condition) and unwatch(condition)
     ManagedError and its five subclasses, the failures a caller can see
-    call_back()               how every callback is made: one that raises is counted
+    call_back(), CallbackLock how every callback is made (one that raises is counted);
+                              a lock whose callbacks wait until it is let go
     ReliabilityCache          counts errors per port; disables a port (and under a
                               host policy its host) for 1, 2, 4 ... 64 s;
                               global_rcache() is the shared one, policy "none"
-    Call, Connection          one request and its deadline; one socket, the calls
-                              it owes, writing under a deadline, the watchdog's deadlines
+    Call, OwedCalls           one request and its deadline; the calls a connection
+                              owes, oldest first (no lock, socket or thread)
+    Connection                one socket, its OwedCalls, writing under a deadline,
+                              the idle deadline the watchdog keeps
     ConnectionThreads         a client's reader and watchdog threads, split out of it
     ManagedClient             one upstream connection at a time, remade on demand;
                               states down -> connecting -> up; several calls may be
@@ -236,6 +239,37 @@ def call_back(owner, function, *args, otherwise=None):
                           "in callback_errors)", type(owner).__name__)
         owner.count("callback_errors")
         return otherwise
+
+
+class CallbackLock:
+    """A lock (a condition, notified on every change) and the callbacks queued while
+    it is held. They are made once it is let go, by the thread that lets it go
+    through held(), never under it: a callback may call anything, the object whose
+    lock it is included. A ManagedClient's lock is one."""
+
+    def __init__(self):
+        self.condition = threading.Condition()
+        self._queued = []   # (owner, function, args), appended with the condition held
+
+    def queue(self, owner, function, *args):
+        """With the condition held: make owner's callback function(*args) once it is let go."""
+        self._queued.append((owner, function, args))
+
+    @contextlib.contextmanager
+    def held(self):
+        """Hold the condition; once it is let go, make every callback queued meanwhile."""
+        try:
+            with self.condition:
+                yield
+        finally:
+            self.make_queued()
+
+    def make_queued(self):
+        """Make the callbacks queued so far, oldest first, each whatever the one before it did."""
+        with self.condition:
+            queued, self._queued = self._queued, []
+        for owner, function, args in queued:
+            call_back(owner, function, *args)
 
 
 # --- the reliability cache ---------------------------------------------------
@@ -533,8 +567,55 @@ class Call:
         return None if self.deadline is None else max(self.deadline - clock.now(), 0.001)
 
 
+class OwedCalls:
+    """The calls one connection owes replies to, oldest first: the order their
+    requests were written in. A plain sequence, with no lock, socket or thread (the
+    client's lock guards it), so its rules are tested on their own.
+
+    The line protocol has no request ids: a reply can settle only the oldest call
+    owed. So an abandoned call (timed out, not fatally) keeps its place until its
+    reply comes, to be thrown away rather than given to the call behind it, and a
+    connection that owes abandoned calls has deadlines of its own."""
+
+    def __init__(self):
+        self._calls = collections.deque()
+
+    def __len__(self):
+        return len(self._calls)
+
+    def __iter__(self):
+        return iter(self._calls)
+
+    def __getitem__(self, index):
+        return self._calls[index]
+
+    def append(self, call):
+        """A request is about to be written: its reply comes after every reply owed now."""
+        self._calls.append(call)
+
+    def popleft(self):
+        """The oldest call, which the reply just framed settles."""
+        return self._calls.popleft()
+
+    def remove(self, call):
+        """Forget a call, so its reply goes to the call behind it: the bug scenario 1 shows."""
+        self._calls.remove(call)
+
+    def abandoned(self):
+        """How many owed calls nobody waits for: their replies are still coming."""
+        return sum(call.abandoned for call in self._calls)
+
+    def waited_for(self):
+        """How many owed calls a caller still waits for."""
+        return len(self._calls) - self.abandoned()
+
+    def overdue_deadline(self):
+        """When the oldest missing reply of an abandoned call ends the connection; None if none is abandoned."""
+        return min((call.overdue_at for call in self._calls if call.abandoned), default=None)
+
+
 class Connection:
-    """One socket of a ManagedClient and the calls whose replies it owes, oldest first.
+    """One socket of a ManagedClient and the calls whose replies it owes (OwedCalls).
 
     It does the wire's work, which needs nothing of the client but its clock:
     writing under a deadline, closing the socket once nothing uses it, and telling
@@ -543,8 +624,7 @@ class Connection:
 
     def __init__(self):
         self.sock = None             # set once connected
-        self.owed = collections.deque()
-        self.abandoned = 0           # abandoned calls in owed
+        self.owed = OwedCalls()
         self.answered = False        # a reply (the ping's too) has come: an EOF may now be quiet
         self.writing = False         # a request is being written; the next writer waits its turn
         self.reading = False         # the reader thread runs; it closes the socket when done
@@ -575,14 +655,11 @@ class Connection:
             self.sock.close()
 
     def idle_deadline(self, idle_timeout):
-        """When the watchdog closes it for idleness: None while calls are owed or with idle_timeout <= 0."""
-        if idle_timeout <= 0 or self.owed or self.idle_since is None:
+        """When the watchdog closes it for idleness: None while calls are owed, or with
+        idle_timeout <= 0 or unlimited."""
+        if idle_timeout <= 0 or unlimited(idle_timeout) or self.owed or self.idle_since is None:
             return None
         return self.idle_since + idle_timeout
-
-    def overdue_deadline(self):
-        """When the oldest missing reply of an abandoned call ends it; None if no call is abandoned."""
-        return min((call.overdue_at for call in self.owed if call.abandoned), default=None)
 
 
 class ConnectionThreads(Hooks):
@@ -643,7 +720,6 @@ class ConnectionThreads(Hooks):
         connection.owed.popleft()   # the load-bearing line: a reply settles the oldest call owed
         connection.answered = True
         if call.abandoned:
-            connection.abandoned -= 1
             self._calls.discard(call)
             self.count("discarded")
         elif call.is_ping:
@@ -661,7 +737,7 @@ class ConnectionThreads(Hooks):
     def _stream_ended(self, connection, problem):
         """With the lock held: the upstream's EOF. Quiet only if the connection has
         carried a reply and owes no call anyone still waits for."""
-        waited_for = len(connection.owed) - connection.abandoned
+        waited_for = connection.owed.waited_for()
         if waited_for:
             self._end(connection, f"{problem} with {waited_for} call(s) owed", MessageLost(problem))
         elif not connection.answered:
@@ -679,7 +755,7 @@ class ConnectionThreads(Hooks):
         with self._locked():
             while not connection.ended:
                 idle_end = connection.idle_deadline(self.idle_timeout) if self.state == "up" else None
-                overdue = connection.overdue_deadline()
+                overdue = connection.owed.overdue_deadline()
                 if idle_end is not None and self.clock.now() >= idle_end:
                     self._end(connection, f"idle for {as_seconds(self.idle_timeout)}")
                 elif overdue is not None and self.clock.now() >= overdue:
@@ -723,6 +799,11 @@ class ManagedClient(ConnectionThreads):
 
     Scaffolding: late_replies="forget" drops a timed-out call from the queue and
     trusts the next reply without checking it: the bug demo scenario 1 shows.
+
+    Why one class of some 300 lines: its state machine, its calls' deadlines and
+    the write turn change the same fields in one critical section, under one lock;
+    what needs no lock of its own lives apart (OwedCalls, Connection, CallbackLock),
+    and so do its two threads (ConnectionThreads).
     """
     counters = {"transitions": 0, "calls": 0, "connects": 0, "sent": 0, "written": 0, "replies": 0,
                 "discarded": 0, "errors": 0, "waiting": 0, "callback_errors": 0}
@@ -756,10 +837,10 @@ class ManagedClient(ConnectionThreads):
         self.reserved_despite_cache = 0   # those of them a set made with every service disabled (see reserve())
         self.transition_log = collections.deque(maxlen=TRANSITIONS_KEPT)   # (from, to, reason), newest last
         self._calls = set()         # Calls begun and not settled (abandoned ones until their reply)
-        self._callbacks_owed = []       # (owner, function, args) to call once the lock is let go
         self._threads = []
         self._shut = False
-        self._lock = threading.Condition()   # guards all the above; notified on every change
+        self._guard = CallbackLock()
+        self._lock = self._guard.condition   # guards all the above; notified on every change
         self.clock.watch(self._lock)
 
     @property
@@ -788,20 +869,9 @@ class ManagedClient(ConnectionThreads):
 
     # -- the lock and the callbacks --
 
-    @contextlib.contextmanager
     def _locked(self):
-        """Hold the lock; once it is let go, make the callbacks owed meanwhile."""
-        try:
-            with self._lock:
-                yield
-        finally:
-            self._make_callbacks()
-
-    def _make_callbacks(self):
-        with self._lock:
-            owed, self._callbacks_owed = self._callbacks_owed, []
-        for owner, function, args in owed:   # each one made, whatever the one before it did
-            call_back(owner, function, *args)
+        """Hold the lock; once it is let go, make the callbacks queued meanwhile."""
+        return self._guard.held()
 
     def _move(self, state, reason):
         transition = (self.state, state, reason)
@@ -810,12 +880,12 @@ class ManagedClient(ConnectionThreads):
         self.transition_log.append(transition)
         self.count("transitions")
         if self.on_event:
-            self._callbacks_owed.append((self, self.on_event, (self, ("transition",) + transition)))
+            self._guard.queue(self, self.on_event, self, ("transition",) + transition)
 
     def _record_error(self):
         """With the lock held: count the error in the cache now, its events later."""
         for on_event, cache, event in self.rcache.count_error(self.addr):
-            self._callbacks_owed.append((cache, on_event, (cache, event)))
+            self._guard.queue(cache, on_event, cache, event)
 
     # -- a call --
 
@@ -860,8 +930,7 @@ class ManagedClient(ConnectionThreads):
         else:   # the reply is still owed: it is discarded on arrival, and keeps the client busy
             call.abandoned = True
             call.overdue_at = self.clock.now() + self.msg_timeout
-            connection.abandoned += 1
-            if connection.abandoned > ABANDONED_MAX:
+            if connection.owed.abandoned() > ABANDONED_MAX:
                 self._end(connection, f"more than {ABANDONED_MAX} abandoned calls owed",
                           MessageLost("too many replies overdue on the connection"))
             self._lock.notify_all()   # the watchdog has a new deadline to keep

@@ -1320,3 +1320,45 @@ def test_a_managed_proxy_over_resp_gives_8_threads_their_own_random_values_over_
         assert (proxy.answered, proxy.failed, client.connects, client.errors) == (400, 0, 1, 0)
         readers = [line for line in control.command("CLIENT LIST").split(b"\n") if b" cmd=get " in line]
         assert len(readers) == 1   # every GET came over one connection (the direct ones last sent SET)
+
+
+# --- the calls one connection owes, on their own (no socket, no thread) -------------------
+
+def test_owed_calls_keep_write_order_and_an_abandoned_call_keeps_its_place_until_its_reply():
+    owed = managed.OwedCalls()
+    calls = [managed.Call(b"GET %d\n" % n, None) for n in range(3)]
+    for call in calls:
+        owed.append(call)
+    for call, overdue_at in ((calls[0], 5.0), (calls[2], 3.0)):   # as _time_out() abandons them
+        call.abandoned, call.overdue_at = True, overdue_at
+    assert (len(owed), owed.abandoned(), owed.waited_for(), owed.overdue_deadline()) == (3, 2, 1, 3.0)
+    assert owed[0] is calls[0] and owed[-1] is calls[2]
+    assert owed.popleft() is calls[0]   # the next reply settles the oldest, abandoned or not
+    assert (owed.abandoned(), owed.waited_for(), owed.overdue_deadline()) == (1, 1, 3.0)
+    owed.remove(calls[2])   # late_replies="forget"
+    assert list(owed) == [calls[1]] and owed.overdue_deadline() is None and owed.abandoned() == 0
+    connection = managed.Connection()
+    connection.idle_since = 10.0
+    assert [connection.idle_deadline(seconds) for seconds in (-1, 0, math.inf, 5.0)] == [None, None, None, 15.0]
+    connection.owed.append(managed.Call(b"GET a\n", None))   # a call owed: not idle
+    assert connection.idle_deadline(5.0) is None
+
+
+def test_callbacks_queued_under_the_lock_are_made_once_it_is_let_go_each_whatever_the_one_before_did():
+    guard, owner = managed.CallbackLock(), ReliabilityCache()
+    made, inside = [], []
+
+    def note(number):
+        made.append((number, bool(inside)))
+        if number == 1:
+            raise RuntimeError("a bug in the user's callback")
+    with guard.held():
+        inside.append(True)
+        for number in (1, 2, 3):
+            guard.queue(owner, note, number)
+        assert made == []   # nothing is made while the lock is held
+        inside.clear()
+    assert made == [(1, False), (2, False), (3, False)] and owner.callback_errors == 1
+    with guard.held():
+        pass
+    assert len(made) == 3   # each made once
