@@ -54,10 +54,19 @@ def interleave():
         print(parsed_line(upstream))
         print(f"  A received  {show(a.read_to_eof())}")
         print(f"  B received  {show(b.read_to_eof())}")
-        sent = sum(map(len, a.sent + b.sent))
-        print(f"  verdict: {sent} bytes sent, {proxy.forwarded} forwarded, {upstream.bytes_in} "
-              f"received upstream: nothing lost, nothing doubled, and the upstream parsed "
-              f"{upstream.requests} requests that nobody sent")
+        print(interleave_verdict([a.sent, b.sent], proxy.forwarded, upstream.bytes_in, upstream.parsed))
+
+
+def interleave_verdict(sent_by_client, forwarded, received, parsed):
+    """What scenario 1's rows show: whether the bytes add up, and how many of the
+    requests the upstream parsed were requests some client sent."""
+    sent = sum(len(chunk) for chunks in sent_by_client for chunk in chunks)
+    meant = {line.decode() for chunks in sent_by_client for line in b"".join(chunks).splitlines()}
+    nobody = sum(line not in meant for line in parsed)
+    accounting = ("nothing lost, nothing doubled" if sent == forwarded == received
+                  else f"{sent - received} bytes lost or doubled on the way")
+    return (f"  verdict: {sent} bytes sent, {forwarded} forwarded, {received} received upstream: "
+            f"{accounting}, and the upstream parsed {nobody} requests that nobody sent")
 
 
 def misdelivery(routing):
@@ -82,16 +91,42 @@ def misdelivery(routing):
         return received
 
 
+ASKED = {"A": "alpha", "B": "beta"}   # scenarios 2 and 3: who asked for which key
+
+
+def holdings(name, data):
+    """Which of scenarios 2 and 3's answers one client's bytes hold, in words."""
+    held = [("its own" if key == ASKED[name] else f"{key}'s answer")
+            for key in ASKED.values() if answer(f"GET {key}".encode()) in data]
+    return " and ".join(held) or "neither answer"
+
+
+def holds_another(name, data):
+    return any(answer(f"GET {key}".encode()) in data for key in ASKED.values() if key != ASKED[name])
+
+
+def headline_verdict(received):
+    return (f"  verdict: B holds {holdings('B', received['B'])} ({len(received['B'])} bytes); "
+            f"A, who asked for alpha, holds {len(received['A'])}")
+
+
+def broadcast_verdict(received):
+    everything = all(answer(f"GET {key}".encode()) in data
+                     for data in received.values() for key in ASKED.values())
+    who = ("both clients hold both answers" if everything
+           else "; ".join(f"{name} holds {holdings(name, data)}" for name, data in received.items()))
+    leaked = [name for name, data in received.items() if holds_another(name, data)]
+    moral = ("the other routing rule leaks to everyone" if len(leaked) == len(received)
+             else f"{len(leaked)} of {len(received)} clients hold another's answer")
+    return f"  verdict: {who} ({len(received['A'])} and {len(received['B'])} bytes): {moral}"
+
+
 def headline():
-    received = misdelivery("last")
-    print(f"  verdict: B holds alpha's answer and its own ({len(received['B'])} bytes); "
-          f"A, who asked for alpha, holds {len(received['A'])}")
+    print(headline_verdict(misdelivery("last")))
 
 
 def broadcast():
-    received = misdelivery("broadcast")
-    print(f"  verdict: both clients hold both answers ({len(received['A'])} and "
-          f"{len(received['B'])} bytes): the other routing rule leaks to everyone")
+    print(broadcast_verdict(misdelivery("broadcast")))
 
 
 def many_clients(proxy_addr, count=8):
@@ -110,32 +145,70 @@ def passthrough():
         print(f"  right answers: {right}/24")
         print(f"  client connections: {proxy.connections}   upstream connections: "
               f"{upstream.connections}   ratio: {proxy.connections / upstream.connections:.1f}")
-        print("  verdict: every answer right, and no multiplexing at all: one upstream "
-              "connection per client")
+        print(passthrough_verdict(right, 24, proxy.connections, upstream.connections))
+
+
+def right_or_wrong(right, asked):
+    return "every answer right" if right == asked else f"{asked - right} of {asked} answers wrong"
+
+
+def passthrough_verdict(right, asked, client_connections, upstream_connections):
+    sharing = ("no multiplexing at all: one upstream connection per client"
+               if client_connections == upstream_connections
+               else f"{client_connections} client connections on {upstream_connections} upstream")
+    return f"  verdict: {right_or_wrong(right, asked)}, and {sharing}"
 
 
 def pool_caps():
     print("  pool_cap  right  connections opened  requests per connection")
+    rows = []
     for cap in (1, 2, 4, 8, 16):
         # scaffolding: holding replies until min(cap, 8) requests are in forces the
         # pool to open every connection it can, so the count does not depend on luck
         with Upstream(gate=min(cap, 8)) as upstream, FramedProxy(upstream.addr, pool_cap=cap) as proxy:
             right = many_clients(proxy.addr)
             print(f"  {cap:>8}  {right:>2}/24  {proxy.opened:>18}  {24 / proxy.opened:>23.1f}")
-    print("  verdict: right on every row; connections opened = min(pool_cap, requests in "
-          "flight), so cap 16 opens 8")
+            rows.append((cap, right, proxy.opened))
+    print(pool_caps_verdict(rows, asked=24, in_flight=8))
+
+
+def pool_caps_verdict(rows, asked, in_flight):
+    """rows: (cap, right answers, connections opened) per cap."""
+    wrong_rows = sum(right != asked for _, right, _ in rows)
+    correctness = "right on every row" if wrong_rows == 0 else f"wrong answers on {wrong_rows} of {len(rows)} rows"
+    cap, _, opened = rows[-1]
+    if all(opened == min(cap, in_flight) for cap, _, opened in rows):
+        growth = f"connections opened = min(pool_cap, requests in flight), so cap {cap} opens {opened}"
+    else:
+        growth = "connections opened do not follow min(pool_cap, requests in flight)"
+    return f"  verdict: {correctness}; {growth}"
 
 
 def release_rules():
     print("  release  upstream writes each reply      right")
+    right = {}
     for release in ("framed", "timeout"):
         for split in (False, True):
-            right = release_trial(release, split)
+            right[release, split] = release_trial(release, split)
             pattern = "in two parts, paused between" if split else "in one write"
-            print(f"  {release:<7}  {pattern:<30}  {right}/8")
-    print("  verdict: the delimiter never notices the pause; the timeout releases the "
-          "connection mid-reply every time, and every later borrower reads the tail of "
-          "the answer before its own")
+            print(f"  {release:<7}  {pattern:<30}  {right[release, split]}/8")
+    print(release_verdict(right, asked=8))
+
+
+def release_verdict(right, asked):
+    """right: (release rule, reply split?) -> right answers of `asked`."""
+    if right["framed", True] == right["framed", False] == asked:
+        framed = "the delimiter never notices the pause"
+    else:
+        framed = f"the framed pool gets {right['framed', True]}/{asked} when the reply pauses"
+    if right["timeout", True] == 0:
+        timeout = ("the timeout releases the connection mid-reply every time, and every later "
+                   "borrower reads the tail of the answer before its own")
+    elif right["timeout", True] == asked:
+        timeout = "the timeout pool survives the pause too"
+    else:
+        timeout = f"the timeout pool gets {right['timeout', True]}/{asked} when the reply pauses"
+    return f"  verdict: {framed}; {timeout}"
 
 
 def release_trial(release, split):
@@ -156,9 +229,10 @@ def release_trial(release, split):
             Upstream(split_at=6, pause=until_borrower_decides) if split else Upstream())
         proxy = stack.enter_context(FramedProxy(upstream.addr, pool_cap=1, release=release))
         crowd = clients(stack, proxy.addr, 8)
-        for client, word in zip(crowd, KEY_WORDS):
+        for number, (client, word) in enumerate(zip(crowd, KEY_WORDS), 1):
             client.send(request(word))
             client.sock.shutdown(socket.SHUT_WR)   # one request: the proxy closes after its reply
+            upstream.wait_requests(number)   # it has the connection: the next borrows after it, in name order
         return sum(client.read_to_eof() == answer(request(word)[:-1])
                    for client, word in zip(crowd, KEY_WORDS))
 
@@ -176,8 +250,14 @@ def serialised():
         print(f"  right answers: {right}/24")
         print(f"  client connections: {proxy.connections}   upstream connections: "
               f"{upstream.connections}   ratio: {proxy.connections / upstream.connections:.1f}")
-        print("  verdict: the blind relay is right when only one answer can be in flight: "
-              "that is serialisation, not multiplexing")
+        print(serialised_verdict(right, 24))
+
+
+def serialised_verdict(right, asked):
+    if right == asked:
+        return ("  verdict: the blind relay is right when only one answer can be in flight: "
+                "that is serialisation, not multiplexing")
+    return f"  verdict: the blind relay gets {asked - right} of {asked} wrong even with one answer in flight"
 
 
 def half_close_trial(half):
@@ -194,12 +274,25 @@ def half_close_trial(half):
 
 
 def half_close():
+    received = {}
     for half in (True, False):
         rule = "shutdown(SHUT_WR)" if half else "close both sides"
+        received[half] = half_close_trial(half)
         print(f"  half_close={half!s:<5}  on the client's EOF: {rule:<17}  "
-              f"A received {show(half_close_trial(half))}")
-    print("  verdict: passing the EOF on as a half-close delivers the whole reply; "
-          "closing forgets that the other direction was still open")
+              f"A received {show(received[half])}")
+    print(half_close_verdict(received, answer(b"GET alpha")))
+
+
+def half_close_verdict(received, whole):
+    """received: half_close -> the bytes A read before its EOF; whole: the full reply."""
+    def delivered(data):
+        return "the whole reply" if data == whole else f"{len(data)} of its {len(whole)} bytes"
+    passing = f"passing the EOF on as a half-close delivers {delivered(received[True])}"
+    if received[False] == b"":
+        closing = "closing forgets that the other direction was still open"
+    else:
+        closing = f"closing both sides delivers {delivered(received[False])}"
+    return f"  verdict: {passing}; {closing}"
 
 
 def dishonest_trial(pool_class):
@@ -218,10 +311,11 @@ def dishonest_trial(pool_class):
 def dishonest():
     print("  the upstream follows every reply with b'EXTRA\\n' in the same write;")
     print(f"  A and B take turns, {ROUNDS} requests each, through a pool of one connection")
+    asked = {name: [request(key) for key in keys_for(index)] for index, name in enumerate("AB")}
+    expected = {name: [answer(line[:-1]) for line in lines] for name, lines in asked.items()}
+    rows = {}
     for pool_class in (TrustingPool, FramedProxy):
         received, proxy = dishonest_trial(pool_class)
-        asked = {name: [request(key) for key in keys_for(index)] for index, name in enumerate("AB")}
-        expected = {name: [answer(line[:-1]) for line in lines] for name, lines in asked.items()}
         right = sum(got == want for name in "AB" for got, want in zip(received[name], expected[name]))
         others = sum(got in expected[other] for name, other in ("AB", "BA") for got in received[name])
         print(f"  {pool_class.__name__}:")
@@ -230,8 +324,27 @@ def dishonest():
                   + ", ".join(repr(line) for line in received[name]))
         print(f"    right {right}/6   another client's answer {others}   "
               f"dirty connections closed {proxy.dirty}   upstream connections opened {proxy.opened}")
-    print("  verdict: one line nobody asked for shifts every later reply by one; the pool "
-          "that checks closes the connection it was read on and hands out nothing wrong")
+        rows[pool_class.__name__] = received, right, proxy.dirty
+    print(dishonest_verdict(rows, expected))
+
+
+def dishonest_verdict(rows, expected, lie=b"EXTRA\n"):
+    """rows: pool name -> (what each client received, right answers, dirty closes);
+    expected: each client's right answers, in the order it asked."""
+    trusting, trusting_right, _ = rows["TrustingPool"]
+    in_turn = [trusting[name][turn] for turn in range(ROUNDS) for name in "AB"]   # borrowers in order
+    stream = [line for turn in range(ROUNDS) for name in "AB" for line in (expected[name][turn], lie)]
+    asked = len(in_turn)
+    if trusting_right == asked:
+        trust = "the pool that trusts hands out every answer right"
+    elif in_turn == stream[:asked]:
+        trust = "one line nobody asked for shifts every later reply by one"
+    else:
+        trust = f"the pool that trusts hands out {asked - trusting_right} of {asked} wrong"
+    _, checked_right, dirty = rows["FramedProxy"]
+    closes = "closes the connection it was read on" if dirty else "closes no connection"
+    wrong = "nothing wrong" if checked_right == asked else f"{asked - checked_right} of {asked} wrong"
+    return f"  verdict: {trust}; the pool that checks {closes} and hands out {wrong}"
 
 
 SCENARIOS = [

@@ -8,9 +8,8 @@ Map of the module, in reading order (COMMENTARY.md walks it in the same order):
 
     answer(), read_lines()   the line protocol: GET key -> key=VVVVVVVVVVVV, PING -> PONG
     Hooks                    scaffolding: counters of real events, and wait_<counter>(n)
-    Server                   scaffolding: listen on 127.0.0.1:0, a thread per connection
-                             (on Linux, pinned to one CPU: see _serve), close() joins
-                             every thread and closes every socket
+    Server                   scaffolding: listen on 127.0.0.1:0, a thread per connection;
+                             close() joins every thread and closes every socket
     Upstream                 the server behind every proxy; it frames its input honestly
     Relay                    the pump shared by the two protocol-blind relays
     NaiveProxy               one upstream socket shared by all clients; replies go to the
@@ -33,7 +32,6 @@ The order a request takes through FramedProxy:
 import collections
 import contextlib
 import itertools
-import os
 import queue
 import select
 import socket
@@ -44,6 +42,8 @@ MAX_LINE = 64 * 1024     # the longest line anyone here will buffer
 CHUNK = 4096             # bytes asked of one recv()
 CONNECT_TIMEOUT = 1.5    # seconds a connect to an upstream may take (close() waits out at most this)
 ACCEPT_BACKOFF = 0.05    # seconds an accept loop rests after accept() fails (out of descriptors)
+LISTEN_BACKLOG = 65535   # connects the kernel queues before accept(); it caps this at its own limit
+REAP_EVERY = 1024        # threads started between two sweeps of finished ones from close()'s list
 
 
 # --- the line protocol ------------------------------------------------------
@@ -146,25 +146,30 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
 
     close() (or leaving a `with` block) shuts every socket down, which wakes any
     thread blocked in recv(), joins every thread, then closes every socket.
+
+    Methods a subclass may override:
+      handle(conn)              serve one accepted connection until it ends (every subclass does)
+      serve_connection(conn)    runs on the connection's own thread, around handle(); a mixin
+                                that must prepare the thread first overrides it and calls super()
+      close()                   extend it to release what the subclass holds, then call super()
     """
     counters = {"connections": 0, "opened": 0}
     # connections  accepted on .addr; bumped by the accept loop
     # opened       opened by this object to its upstream; bumped by connect()
-    sockets_per_cpu = 256 if hasattr(os, "sched_setaffinity") else 0   # 0: no pinning (see _serve)
 
     def __init__(self):
         super().__init__()
         # _lock guards the threads and sockets to join and close, `closed`, and any state a
         # subclass shares between threads; close() notifies it, so waiters see `closed`
         self._lock = threading.Condition()
-        self._threads, self._sockets, self.closed = [], set(), False
+        self._threads = []
+        self._sockets = set()
+        self.closed = False
         self.listen(("127.0.0.1", 0))
 
     def listen(self, addr):
         """Listen on addr (port 0: a free port, then in .addr) and start accepting."""
-        # an accept queue as long as the kernel allows (it caps the number at its own limit):
-        # a connect that finds the queue full is lost, and HAProxy opens 5,000 at once
-        self._listener = socket.create_server(addr, backlog=65535)
+        self._listener = socket.create_server(addr, backlog=LISTEN_BACKLOG)
         self.addr = self._listener.getsockname()
         self.spawn(self._accept_loop)
 
@@ -180,19 +185,10 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
                 continue
             self.track(conn)   # after close(), track() shuts it down at once
             self.count("connections")
-            self.spawn(self._serve, conn)
+            self.spawn(self.serve_connection, conn)
 
-    def _serve(self, conn):
-        if self.sockets_per_cpu:
-            # One thread at a time runs Python (the GIL). Threads spread over two CPUs pass it on
-            # with wake-ups sent from core to core, a third to over half of a relay's CPU; on one
-            # CPU each hand-off is a plain switch. So a server's connections share one CPU until
-            # it holds sockets_per_cpu more sockets, then the next: thousands of threads woken at
-            # once never crowd one run queue (BENCH.md, "Which mechanism costs what").
-            cpus = sorted(os.sched_getaffinity(os.getpid()))   # the process's, not this thread's
-            group = os.getpid() + len(self._sockets) // self.sockets_per_cpu   # processes start apart
-            with contextlib.suppress(OSError):   # a CPU taken away since: stay where the OS put it
-                os.sched_setaffinity(0, {cpus[group % len(cpus)]})
+    def serve_connection(self, conn):
+        """handle(conn) on the connection's thread; the connection is closed after, whatever happened."""
         try:
             with contextlib.suppress(OSError):   # a peer that vanished mid-conversation is owed nothing
                 try:
@@ -208,7 +204,7 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
         with self._lock:   # started under the lock, so close() never misses it
             # now and then (not on every accept) forget finished threads; never once close()
             # has begun: it scans the list, and would miss a thread added to a new one
-            if len(self._threads) % 1024 == 0 and not self.closed:
+            if len(self._threads) % REAP_EVERY == 0 and not self.closed:
                 self._threads = [t for t in self._threads if t.is_alive()]
             self._threads.append(thread)
             thread.start()
@@ -222,6 +218,11 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
             if self.closed:
                 shutdown(sock)
         return sock
+
+    def open_socket_count(self):
+        """How many sockets this server holds open now, accepted and opened."""
+        with self._lock:
+            return len(self._sockets)
 
     def forget(self, sock):
         """Close a socket whose work is done."""
@@ -280,7 +281,9 @@ class Upstream(Server):
 
     def __init__(self, gate=0, split_at=None, pause=None):
         super().__init__()
-        self.gate, self.split_at, self.pause = gate, split_at, pause or (lambda number: None)
+        self.gate = gate
+        self.split_at = split_at
+        self.pause = pause or (lambda number: None)
         self._reply_numbers = itertools.count(1)   # numbers replies for pause()
         self.parsed = collections.deque(maxlen=1000)   # the latest request lines, in arrival order
 
@@ -307,7 +310,8 @@ class Upstream(Server):
     def reply(self, conn, data):
         if self.gate:   # scaffolding: held until `gate` requests are in, or until close()
             self.wait_until(lambda: self.requests >= self.gate or self.closed, "the gate")
-        number, cut = next(self._reply_numbers), self.split_at or 0
+        number = next(self._reply_numbers)
+        cut = self.split_at or 0
         conn.sendall(data[:cut])   # nothing at all unless split_at is set
         self.pause(number)
         conn.sendall(data[cut:])
@@ -413,6 +417,13 @@ class FramedProxy(Server):
     and only if it is in step (in_step(), quiet()); release="timeout" checks it in
     once the upstream has been silent for release_timeout seconds, and checks nothing.
     An upstream silent for reply_timeout seconds mid-exchange costs the client an ERR line.
+
+    Methods a subclass may override (demo's scenarios and Part two do):
+      handle(client)            read the client's requests, write each reply back
+      exchange(request)         one request's whole trip: checkout, send, read, check, checkin
+      read_reply(sock, buffer)  where the reply ends: the load-bearing method
+      in_step(request, reply, rest), quiet(sock)
+                                the checks before a connection is lent again
     """
     counters = {**Server.counters, "released": 0, "discarded": 0, "dirty": 0, "partial_replies": 0}
     # released         checkins to the idle list; bumped by checkin()
@@ -425,8 +436,12 @@ class FramedProxy(Server):
         if release not in ("framed", "timeout"):
             raise ValueError(f"release is 'framed' or 'timeout', not {release!r}")
         super().__init__()
-        self.upstream_addr, self.pool_cap, self.framing = upstream_addr, pool_cap, framing
-        self.release, self.release_timeout, self.reply_timeout = release, release_timeout, reply_timeout
+        self.upstream_addr = upstream_addr
+        self.pool_cap = pool_cap
+        self.framing = framing
+        self.release = release
+        self.release_timeout = release_timeout
+        self.reply_timeout = reply_timeout
         self.idle = []     # connections checked in, ready to lend
         self.open = 0      # connections open now, idle or lent; never above pool_cap
         self._pool = self._lock   # notified by checkin(), and by close() to end all waits
@@ -437,7 +452,8 @@ class FramedProxy(Server):
 
     def exchange(self, request):
         """Send one request upstream and return its reply, or an ERR line if that fails."""
-        sock, outcome = None, "discarded"
+        sock = None
+        outcome = "discarded"
         try:
             sock = self.checkout()
             sock.sendall(request)
@@ -539,7 +555,8 @@ class PassthroughProxy(Relay):
 
     def __init__(self, upstream_addr, half_close=True):
         super().__init__()
-        self.upstream_addr, self.half_close = upstream_addr, half_close
+        self.upstream_addr = upstream_addr
+        self.half_close = half_close
 
     def handle(self, client):
         upstream = self.connect(self.upstream_addr)

@@ -13,8 +13,9 @@ Map of the module, in reading order:
     Uncounted..., NotifyIfWaited..., SplicePassthroughProxy, OneThreadPassthroughProxy
                        the alternatives to PassthroughProxy's mechanism, each a
                        change to its pump or its threads; build_server() runs any of
-                       them, and any proxy, with another sockets_per_cpu (0: "not pinned"),
-                       or its whole process on one CPU ("pinned-passthrough")
+                       them, and any proxy, with its connections' threads placed on CPUs
+                       by bench/placement.py (every row unless it says "not pinned":
+                       sockets_per_cpu=0), or its whole process on one CPU ("pinned-passthrough")
     NaglePassthroughProxy, DistantUpstream, ProfiledThreads
                        a relay without TCP_NODELAY, an upstream whose delays
                        overlap, and per-thread cProfile
@@ -65,6 +66,7 @@ import time
 from tcp_proxy import (MAX_LINE, FramedProxy, LineTooLong, PassthroughProxy, Server, Upstream, answer,
                        read_lines, recv, shutdown)
 
+from bench import placement
 from part2 import managed
 
 CLIENT_COUNTS = (1, 8, 64)         # overhead: clients at once
@@ -103,8 +105,8 @@ class LeanUpstream(Server):
     nothing else per request (no hooks, no request log, no writer thread), one
     thread per connection. Upstream costs about four times as much CPU per
     request, enough to become the bottleneck and hide what a relay costs. Its
-    threads go wherever the OS puts them, as socat's do: only the relay is measured."""
-    sockets_per_cpu = 0
+    threads go wherever the OS puts them, as socat's do (build_server() never places
+    them): only the relay is measured."""
 
     def handle(self, conn):
         buffer = b""
@@ -266,14 +268,13 @@ def build_server(kind, upstream_addr, options):
         "uncounted-passthrough": UncountedPassthroughProxy, "splice-passthrough": SplicePassthroughProxy,
         "one-thread-passthrough": OneThreadPassthroughProxy, "notify-passthrough": NotifyIfWaitedPassthroughProxy,
         "nagle-passthrough": NaglePassthroughProxy, "framed": FramedProxy,
-        "managed": managed and managed.ManagedProxy,
+        "managed": managed.ManagedProxy,
     }
     server_class = classes[kind]
     if options.get("profile"):
         server_class = type("Profiled" + server_class.__name__, (ProfiledThreads, server_class), {})
-    if "sockets_per_cpu" in options:   # 0: its connections' threads wherever the OS puts them
-        server_class = type("Regrouped" + server_class.__name__, (server_class,),
-                            {"sockets_per_cpu": options["sockets_per_cpu"]})
+    if kind != "lean-upstream":   # sockets_per_cpu 0: its threads wherever the OS puts them
+        server_class = placement.placed(server_class, options.get("sockets_per_cpu", placement.OneCpuPerGroup.sockets_per_cpu))
     if kind == "upstream":
         delay = options.get("reply_delay")
         return server_class(pause=(lambda number: time.sleep(delay)) if delay else None)

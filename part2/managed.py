@@ -685,7 +685,9 @@ class ConnectionThreads(Hooks):
                 reply = bytes(buffer[:size])
                 del buffer[:size]
                 with self._lock:   # not _locked(): a callback that calls here would wait on this very thread
+                    oldest = connection.owed[0] if connection.owed and not connection.ended else None
                     self._deliver(connection, reply)
+                    self._tell("reply", connection, reply, oldest)
                 continue
             if len(buffer) > self.framing.max_reply:   # FramedProxy.read_reply()'s bound, checked the same way
                 out_of_step = f"a reply longer than {self.framing.max_reply} bytes"
@@ -795,7 +797,10 @@ class ManagedClient(ConnectionThreads):
     queued them, or, for those the reader thread queues while its connection lives,
     by the next thread to let go of the lock (a caller it woke), never by the
     reader, whose connection a callback's call() may need. One that raises changes
-    nothing but callback_errors.
+    nothing but callback_errors. on_event(client, event) hears ("transition", before,
+    after, reason), and, laid out as _tell() says, "sent" (the request), "timed out"
+    (the call's request) and "reply" (the reply, the oldest call owed when it came):
+    the seam pictures/ draws Part two through.
 
     Scaffolding: late_replies="forget" drops a timed-out call from the queue and
     trusts the next reply without checking it: the bug demo scenario 1 shows.
@@ -882,6 +887,14 @@ class ManagedClient(ConnectionThreads):
         if self.on_event:
             self._guard.queue(self, self.on_event, self, ("transition",) + transition)
 
+    def _tell(self, kind, connection, *details):
+        """With the lock held: queue on_event's (kind, clock time, connection, the (request,
+        abandoned) of each call it owes now, whether it has ended, *details)."""
+        if self.on_event:
+            owed = tuple((call.request, call.abandoned) for call in connection.owed)
+            event = (kind, self.clock.now(), connection, owed, connection.ended) + details
+            self._guard.queue(self, self.on_event, self, event)
+
     def _record_error(self):
         """With the lock held: count the error in the cache now, its events later."""
         for on_event, cache, event in self.rcache.count_error(self.addr):
@@ -934,6 +947,7 @@ class ManagedClient(ConnectionThreads):
                 self._end(connection, f"more than {ABANDONED_MAX} abandoned calls owed",
                           MessageLost("too many replies overdue on the connection"))
             self._lock.notify_all()   # the watchdog has a new deadline to keep
+        self._tell("timed out", connection, call.request)
         raise timeout
 
     # -- the state machine: down -> connecting -> up --
@@ -1094,6 +1108,7 @@ class ManagedClient(ConnectionThreads):
             connection.writing = True
             connection.owed.append(call)
             self.count("sent")
+            self._tell("sent", connection, request)
         written, broken = False, "interrupted"   # until write() returns or raises
         try:
             written = connection.write(request, call.deadline, self.clock)

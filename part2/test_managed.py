@@ -796,9 +796,10 @@ def test_callbacks_that_call_load_from_4_threads_x_200_calls_never_deadlock():
         workers = [in_background(lambda n=n: [managed_set.call(b"GET k%d\n" % n) for _ in range(200)])
                    for n in range(4)]
         assert [worker.result() for worker in workers] == [[b"k%d=KKKKKKKKKKKK\n" % n] * 200 for n in range(4)]
-        # per call: pick() and call() ask availability, the set notes the attempt; per client, 2
-        # transitions and one more ask, by the call that connected it, once it is up
-        assert managed_set.attempts == 800 and len(loads) == 800 * 3 + 3 * len(managed_set.clients[0])
+        # per call: pick() and call() ask availability, the set notes the attempt, the client tells
+        # of its request sent and its reply; per client, 2 transitions and one more ask, by the call
+        # that connected it, once it is up
+        assert managed_set.attempts == 800 and len(loads) == 800 * 5 + 3 * len(managed_set.clients[0])
         managed_set.shut_down()
 
 
@@ -1017,6 +1018,27 @@ def test_difference_pick_asks_the_cache_about_every_service_before_it_chooses():
     managed_set.shut_down()
 
 
+def test_on_event_tells_of_each_request_sent_call_timed_out_and_reply_with_the_calls_owed_then():
+    clock, told = VirtualClock(), []
+    with FaultyUpstream(hold={1}) as upstream:
+        client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock,
+                               on_event=lambda source, event: told.append(event))
+        apple = in_background(client.call, b"GET apple\n")
+        upstream.wait_held(1)
+        clock.advance(1.0)
+        assert apple.result() == "MessageTimeout: no reply within 1.0s"
+        upstream.release()
+        client.wait_discarded(1)   # apple's late reply, queued by the reader, told once the lock is let go
+        client.shut_down()
+    steps = [event for event in told if event[0] != "transition"]
+    assert [(kind, t, owed, ended) for kind, t, _, owed, ended, *_ in steps] == [
+        ("sent", 0.0, ((b"GET apple\n", False),), False),
+        ("timed out", 1.0, ((b"GET apple\n", True),), False),
+        ("reply", 1.0, (), False)]
+    assert steps[0][5] == steps[1][5] == b"GET apple\n"
+    assert steps[2][5] == b"apple=AAAAAAAAAAAA\n" and steps[2][6].request == b"GET apple\n" and steps[2][6].abandoned
+    assert len({id(event[2]) for event in steps}) == 1   # one connection, told as the same object
+
 # --- issue 17: no single fault wedges a client, and a set never refuses everything because of its own cache ---
 
 def ask_once(addr, line):
@@ -1047,14 +1069,14 @@ def test_a_callback_that_raises_is_counted_logged_once_and_changes_no_call_and_n
     seen = []
 
     def on_event(source, event):
-        seen.append(event[1:3])
+        seen.append(event[1:3] if event[0] == "transition" else event[0])
         raise RuntimeError("a bug in the user's callback")
     with FaultyUpstream() as upstream:
         client = ManagedClient(upstream.addr, idle_timeout=0, msg_timeout=5.0, on_event=on_event)
         replies = [client.call(b"GET %d\n" % n) for n in range(4)]   # each call connects: 3 transitions
         assert replies == [b"%d=%d" % (n, n) + b"%d" % n * 11 + b"\n" for n in range(4)]
-        assert seen == [("down", "connecting"), ("connecting", "up"), ("up", "down")] * 4
-        assert (client.callback_errors, client.errors, client.connects, client.state) == (12, 0, 4, "down")
+        assert seen == [("down", "connecting"), ("connecting", "up"), "sent", ("up", "down"), "reply"] * 4
+        assert (client.callback_errors, client.errors, client.connects, client.state) == (20, 0, 4, "down")
         client.shut_down()
     logged = [record for record in caplog.records if record.name == "part2.managed"]
     assert len(logged) == 1 and "ManagedClient" in logged[0].getMessage() and logged[0].exc_info
@@ -1066,7 +1088,8 @@ def test_a_raising_attempt_callback_never_replaces_the_reply_and_a_raising_cache
     with FaultyUpstream() as upstream:
         managed_set = ManagedSet([(upstream.addr, 1)], rcache=ReliabilityCache(), on_event=raises)
         assert managed_set.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"   # its "attempt ... ok" raised
-        assert managed_set.callback_errors == 1 and managed_set.clients[0][0].callback_errors == 2
+        # the client's two transitions, its request sent and its reply raised too
+        assert managed_set.callback_errors == 1 and managed_set.clients[0][0].callback_errors == 4
         managed_set.shut_down()
     cache = ReliabilityCache(policy="independent", availability=raises, on_event=raises, clock=VirtualClock())
     assert cache.is_enabled(A)   # an availability callback that raises has no say

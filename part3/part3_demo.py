@@ -72,8 +72,16 @@ def naive_redis():
         received = {client.name: client.read_to_eof() for client in (a, b)}
         for name, data in received.items():
             print(f"  {name} received  {show(data)}")
-        print(f"  verdict: B holds A's job and its own value ({len(received['B'])} bytes); A holds "
-              f"{len(received['A'])}. A blind relay is as wrong in front of Redis as in front of the toy")
+        print(naive_redis_verdict(received, job=blpop_reply, value=bulk("world")))
+
+
+def naive_redis_verdict(received, job, value):
+    """received: client -> bytes; job: the reply to A's BLPOP; value: the reply to B's GET."""
+    held = [what for what, reply in (("A's job", job), ("its own value", value)) if reply in received["B"]]
+    moral = ("A blind relay is as wrong in front of Redis as in front of the toy" if job in received["B"]
+             else "A's job did not reach B")
+    return (f"  verdict: B holds {' and '.join(held) or 'neither reply'} ({len(received['B'])} bytes); "
+            f"A holds {len(received['A'])}. {moral}")
 
 
 def one_at_a_time(proxy_addr, keys, stack):
@@ -106,9 +114,20 @@ def line_pool():
         for client, key, reply in zip(crowd, values, replies):
             print(f"  {client.name} asked GET {key:<2} got {show(reply):<21} {whose(reply, key, values)}")
         print(f"  connections opened: {pool.opened}")
-        head, tail = bulk("hello")[:4], bulk("hello")[4:]
-        print(f"  verdict: the line framing stops after {head!r}; the rest, {tail!r}, stays on the "
-              f"connection and B takes A's value for its own (redis-py's CVE-2023-28858 class)")
+        print(line_pool_verdict(replies, values))
+
+
+def line_pool_verdict(replies, values):
+    """replies: what A, B, C ... read, in turn; values: key -> value, in the same order."""
+    keys = list(values)
+    first = bulk(values[keys[0]])
+    head, tail = first[:first.index(b"\r\n") + 2], first[first.index(b"\r\n") + 2:]
+    if replies[0] != head:
+        return f"  verdict: A read {replies[0]!r}, not the first line of its reply alone"
+    if replies[1] == tail:
+        return (f"  verdict: the line framing stops after {head!r}; the rest, {tail!r}, stays on the "
+                f"connection and B takes A's value for its own (redis-py's CVE-2023-28858 class)")
+    return f"  verdict: the line framing stops after {head!r}; B read {replies[1]!r}, not A's value"
 
 
 def checked_line_pool():
@@ -124,9 +143,17 @@ def checked_line_pool():
         misdelivered = sum(reply in tails for reply in replies)
         print(f"  connections opened: {proxy.opened}   closed as out of step: {proxy.dirty}   "
               f"values delivered to anyone: {misdelivered}")
-        print("  verdict: still the wrong framing, so no right answer, but fits() sees that b'$5\\r\\n' "
-              "cannot answer a GET of the line protocol: an ERR line and a closed connection, "
-              "never another's value")
+        right = sum(reply == bulk(values[key]) for key, reply in zip(values, replies))
+        print(checked_line_pool_verdict(right, proxy.dirty, misdelivered, len(replies)))
+
+
+def checked_line_pool_verdict(right, dirty, misdelivered, asked):
+    if right or dirty != asked or misdelivered:
+        return (f"  verdict: {right} of {asked} right, {dirty} closed as out of step, "
+                f"{misdelivered} values delivered to another client")
+    return ("  verdict: still the wrong framing, so no right answer, but fits() sees that b'$5\\r\\n' "
+            "cannot answer a GET of the line protocol: an ERR line and a closed connection, "
+            "never another's value")
 
 
 def resp_pool():
@@ -157,8 +184,14 @@ def resp_pool():
                                                 for index, client in enumerate(crowd)]))
         print(f"  8 clients x {ROUNDS} GETs at once through one connection: right {right}/24, "
               f"wrong {24 - right}, connections opened {proxy.opened}")
-        print("  verdict: the parse is RESP's (type byte, length, element count), so the pool lends the "
-              "connection only at a reply's real end")
+        print(resp_pool_verdict(right, 24))
+
+
+def resp_pool_verdict(right, asked):
+    if right == asked:
+        return ("  verdict: the parse is RESP's (type byte, length, element count), so the pool lends the "
+                "connection only at a reply's real end")
+    return f"  verdict: {asked - right} of {asked} wrong: the pool lent the connection before a reply's end"
 
 
 # --- request ids (no Redis) ---------------------------------------------------------------
@@ -198,11 +231,20 @@ def out_of_order():
         upstream.wait_replies(len(lines))   # counted just after each write: the callers may be first
         print("  upstream read    " + ", ".join(repr(line) for line in upstream.parsed))
         print("  upstream wrote   " + ", ".join(repr(line) for line in upstream.written))
+        right = 0
         for name, line, result in zip("ABC", lines, results):
             verdict = "right" if result == answer(line.encode()).decode().rstrip("\n") else "WRONG"
+            right += verdict == "right"
             print(f"  {name} called {line!r:<13} got {result!r:<24} {verdict}")
         print(f"  connections: {upstream.connections}")
-        print("  verdict: the replies left in the order charlie, alpha, bravo; each id found its caller")
+        print(out_of_order_verdict(upstream.written, right, len(lines)))
+
+
+def out_of_order_verdict(written, right, asked):
+    """written: the upstream's reply lines, '<id> <key>=<value>', in the order it wrote them."""
+    order = ", ".join(line.split(" ", 1)[1].split("=")[0] for line in written)
+    found = "each id found its caller" if right == asked else f"{asked - right} of {asked} callers got another's reply"
+    return f"  verdict: the replies left in the order {order}; {found}"
 
 
 def slow_key():
@@ -214,6 +256,9 @@ def slow_key():
         calls = start_calls(client, ["GET slow"] + fast)
         fast_results = [call.result() for call in calls[1:]]   # with head-of-line blocking: a hook timeout
         upstream.wait_replies(len(fast))
+        slow_written_first = any(line.endswith(answer(b"GET slow").decode().rstrip("\n"))
+                                 for line in upstream.written)
+        fast_right = fast_results == [answer(line.encode()).decode().rstrip("\n") for line in fast]
         print(f"  with ids: GET slow sent first and held; the fast calls returned "
               f"{', '.join(map(repr, fast_results))}")
         print(f"  upstream wrote   {', '.join(map(repr, upstream.written))}   (slow still held)")
@@ -225,12 +270,23 @@ def slow_key():
         with socket.create_connection(upstream.addr, timeout=Hooks.hook_timeout) as sock:
             sock.sendall(b"GET slow\nGET a\nGET b\nGET c\n")
             upstream.wait_ready(3)
+            held_back = upstream.ready - upstream.replies
             print(f"  without ids, pipelined in order: while GET slow is held, replies ready "
                   f"{upstream.ready}, written {upstream.replies}")
             release.set()
             upstream.wait_replies(4)
             print(f"  upstream wrote   {', '.join(map(repr, upstream.written))}   (in order, after slow)")
-    print("  verdict: with ids a slow request delays only itself; in order, it delays every reply behind it")
+    print(slow_key_verdict(fast_right and not slow_written_first, held_back, len(fast)))
+
+
+def slow_key_verdict(fast_passed_slow, held_back, behind):
+    """fast_passed_slow: with ids, the fast calls were answered right before slow's reply;
+    held_back: in order, replies ready but not written while slow was held, of `behind`."""
+    with_ids = ("with ids a slow request delays only itself" if fast_passed_slow
+                else "with ids the fast calls still waited for the slow one")
+    in_order = ("in order, it delays every reply behind it" if held_back == behind
+                else f"in order, it held back {held_back} of the {behind} replies behind it")
+    return f"  verdict: {with_ids}; {in_order}"
 
 
 def late_reply():
@@ -249,7 +305,8 @@ def late_reply():
         slow = in_background(client.call, b"GET slow\n", 0.05)
         client.wait_timeouts(1)
         print(f"  GET slow (msg_timeout 0.05 s) -> {slow.result()}")
-        print(f"  owed: {len(client.owed)}, abandoned ids: {sorted(client.abandoned)}")
+        abandoned = sorted(client.abandoned)   # emptied once the late reply is dropped
+        print(f"  owed: {len(client.owed)}, abandoned ids: {abandoned}")
         following = in_background(client.call, b"GET next\n")
         client.wait_dropped(1)
         upstream.wait_replies(2)
@@ -259,8 +316,15 @@ def late_reply():
               f"owed now: {len(client.owed)}")
         after = client.call(b"GET after\n").decode().rstrip("\n")
         print(f"  GET after -> {after!r}")
-        print("  verdict: the late reply carried id 1, which no call is owed any more: dropped, "
-              "and the connection served on")
+        served_on = upstream.connections == 1 and after == answer(b"GET after").decode().rstrip("\n")
+        print(late_reply_verdict(abandoned, client.dropped, served_on))
+
+
+def late_reply_verdict(abandoned, dropped, served_on):
+    if dropped != 1 or len(abandoned) != 1:
+        return f"  verdict: {dropped} late replies dropped, abandoned ids {abandoned}"
+    after = "and the connection served on" if served_on else "but the connection did not serve on"
+    return f"  verdict: the late reply carried id {abandoned[0]}, which no call is owed any more: dropped, {after}"
 
 
 SCENARIOS = [

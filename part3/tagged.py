@@ -203,6 +203,8 @@ class TaggedClient(Hooks):
     # timeouts  calls that gave up; bumped by call() as it leaves the reply to be dropped
     # dropped   late replies of timed-out calls thrown away; bumped by the reader thread
     # broken    1 once the connection has ended; bumped by _break()
+    on_event = None   # callback(client, event): ("sent", request with its id) just before it is written,
+                      # ("got", line) for each reply line the reader takes; pictures/ draws through it
 
     def __init__(self, addr, msg_timeout=-1):
         super().__init__()
@@ -238,6 +240,7 @@ class TaggedClient(Hooks):
             self.owed[request_id] = call   # registered before it is sent: the reply may be quick
         try:
             with self._send_lock:
+                self._tell("sent", b"%d %s" % (request_id, line))
                 self.sock.sendall(b"%d %s" % (request_id, line))
             self.count("sent")
         except OSError as error:   # this call is owed, so _break() fails it too
@@ -261,6 +264,7 @@ class TaggedClient(Hooks):
         """The reader thread: hand each reply to the call that owns its id."""
         try:
             for line in read_lines(self.sock):
+                self._tell("got", line)
                 reply_id, reply = parse_tagged(line)   # ValueError: out of step
                 with self._lock:
                     call = self.owed.pop(reply_id, None)
@@ -278,6 +282,10 @@ class TaggedClient(Hooks):
             self._break(f"out of step: {error}")
         except OSError as error:
             self._break(f"connection failed: {error}")
+
+    def _tell(self, *event):
+        if self.on_event:
+            self.on_event(self, event)
 
     def _break(self, reason):
         """End the connection: every owed call fails with `reason`; so does every later call."""

@@ -158,7 +158,7 @@ def test_a_timed_out_calls_late_reply_is_dropped_by_id_while_the_next_call_is_ow
         client.wait_dropped(1)
         assert (client.sent, client.replies, client.dropped, client.timeouts) == (2, 1, 1, 1)
         assert client.abandoned == set() and client.failure is None
-        assert client.call(get("after")) == answer(b"GET after")
+        assert client.call(get("after"), msg_timeout=-1) == answer(b"GET after")   # no race with 10 ms
         assert upstream.connections == 1
 
 
@@ -220,3 +220,13 @@ def test_close_fails_a_call_still_owed_and_later_calls():
         assert results["call"] == "ConnectionBroken: the client was closed"
         assert outcome(client.call, get("y")) == "ConnectionBroken: the client was closed"
         client.close()   # again: nothing
+
+
+def test_on_event_tells_of_each_request_with_its_id_before_it_is_written_and_of_each_reply_line_got():
+    told = []
+    with TaggedUpstream() as upstream, TaggedClient(upstream.addr) as client:
+        client.on_event = lambda source, event: told.append((source is client,) + event)
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"
+        assert client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
+    assert told == [(True, "sent", b"1 GET a\n"), (True, "got", b"1 a=AAAAAAAAAAAA"),
+                    (True, "sent", b"2 GET b\n"), (True, "got", b"2 b=BBBBBBBBBBBB")]

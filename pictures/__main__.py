@@ -1,11 +1,34 @@
 """python3 -m pictures [--check]: redraw every picture in pictures/ from the scenarios'
 runs (Parts one and two, then Part three's, which need redis-server), or with
 --check exit 1 if a checked-in picture differs from what the scenarios draw now."""
+import argparse
 import sys
 
 from pictures import draw, draw_part3
+from scaffolding import redis_server
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare with pictures/, write nothing")
+    options = parser.parse_args(argv)
+    svgs = draw.render_all()
+    if redis_server.redis_available():
+        svgs.update(draw.render_all(pictures=draw_part3.PICTURES))
+    else:
+        print(redis_server.INSTALL_HINT)
+    stale = []
+    for name, svg in svgs.items():
+        path = draw.PICTURES_DIR / name
+        if options.check and (not path.exists() or path.read_text(encoding="utf-8") != svg):
+            stale.append(name)
+        elif not options.check:
+            path.write_text(svg, encoding="utf-8")
+            print(f"wrote pictures/{name}")
+    for name in stale:
+        print(f"pictures/{name} differs from what the scenario draws now: run `make pictures`")
+    return 1 if stale or not redis_server.redis_available() else 0
+
 
 if __name__ == "__main__":
-    first = draw.main()
-    third = draw_part3.main()
-    sys.exit(first or third)
+    sys.exit(main())

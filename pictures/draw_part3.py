@@ -1,114 +1,32 @@
-"""pictures.draw_part3: Part three's pictures, drawn from the scenarios' own runs
-(`python3 -m pictures` draws them with the others).
+"""pictures.draw_part3: Part three's pictures, drawn from the scenarios' own runs, as
+pictures/draw.py draws the others (`python3 -m pictures` draws them all).
 
-The same method as pictures/draw.py, whose Recorder, Svg and drawing helpers this
-module imports: each picture runs a scenario of part3_demo.py, unchanged, while
-the Recorder wraps the methods where bytes change hands, and the drawing reads
-only what the Recorder logged. test_pictures_part3.py draws every picture afresh
-and compares it byte for byte with pictures/.
+    part3-redis-line-pool.svg       a byte strip per pool: TrustingPool (lines) against FramedProxy (RESP)
+    part3-tagged-out-of-order.svg   a sequence: ids going up, replies back in another order, each to its caller
+    part3-head-of-line.svg          a held key with ids (the fast replies pass it) against the untagged twin
+    part3-late-reply.svg            a call gives up; its late reply is dropped by id, the connection serves on
 
-Map of the module, in reading order:
-
-    record_redis_pools     runs line_pool and resp_pool against a real redis-server,
-                           logging what each borrower asked and what read_reply() took
-    redis_stream()         one upstream connection's bytes, cut into Redis's replies
-                           (RESP-parsed) and owned by the request each one answers
-    draw_redis_line_pool   part3-redis-line-pool.svg: TrustingPool (lines) against
-                           FramedProxy (RESP) over the same kind of stream
-    record_tagged          runs out_of_order, slow_key and late_reply, logging the
-                           bytes each caller's request went out as and each reply
-                           line the client's reader took, in the reader's order
-    draw_tagged_out_of_order   part3-tagged-out-of-order.svg: ids going up, replies
-                           coming back in another order, each to the caller of its id
-    draw_head_of_line      part3-head-of-line.svg: a held key with ids (the fast replies
-                           pass it) against the untagged twin (they wait behind it)
-    draw_late_reply        part3-late-reply.svg: a call gives up; its reply, late, is
-                           dropped by id while the connection serves the next calls
-    PICTURES, render_all(), main()
-
-Same bytes on every run: no port, time or id in a picture. A pool of one connection
-lends it to one borrower at a time, so the order of the logged reads is the order
-the borrowers held it; Redis answers one connection's commands in order, so the
-n-th reply on a connection answers the n-th request sent on it.
+A pool of one connection lends it to one borrower at a time, so the order of the
+reads is the order the borrowers held it; Redis answers one connection's commands
+in order, so the n-th reply on a connection answers the n-th request sent on it.
 """
-import socket
-
-from scaffolding import kit, redis_server
-from pictures import draw as pictures
-from part3 import part3_demo
-from part3 import resp
-from part3 import tagged
+from pictures.record import (Connected, Dropped, Got, RedisRead, Recv, Returned, Scenario, TaggedSent, Timeout,
+                             UpstreamRead, UpstreamReady, UpstreamWrote, record_redis_pools, record_tagged)
+from pictures.svg import cut, GREEN, INK, MUTED, RED, RED_FILL, Svg, colours, heading, text_width, visible
+from part3 import resp, tagged
 import tcp_proxy
-from pictures.draw import (GREEN, INK, MUTED, RED, RED_FILL, Recorder, Svg, colours,
-                      heading, run_quietly, text_width, visible)
-from tcp_proxy import FramedProxy
 
 FAINT_LANE = "#cccccc"     # a lifeline
-NEVER_READ = "never read"
-UPSTREAM = "upstream"       # the owner of the untagged twin's bytes: one colour, no caller   # the owner label of stream bytes no borrower took
-
-
-# --- recording: the pools in front of Redis ---------------------------------------------
-
-def record_redis_pools():
-    """Run line_pool and resp_pool; return the Recorder and what they printed.
-
-    Logged, per scenario:
-      scenario (name,)                          a scenario begins
-      read (client, request, connection, leftover, reply, rest)
-                                                FramedProxy.read_reply() returned: it began with
-                                                `leftover` (bytes kept from an earlier read, only
-                                                TrustingPool keeps any) and gave `reply` to the
-                                                client, `rest` read past its end
-      recv (connection, data)                   more_of_reply() read data from the upstream
-    Connections are numbered from 1 in each scenario, in the order they are first used.
-    """
-    recorder = Recorder()
-    numbers = {}   # the upstream socket's local address -> its number in this scenario
-
-    def connection_number(sock):
-        return numbers.setdefault(sock.getsockname(), len(numbers) + 1)
-
-    def scenario(name, function):
-        def run():
-            numbers.clear()
-            recorder.names.clear()
-            recorder.log("scenario", name)
-            return function()
-        return run
-
-    def wrap_read_reply(original):
-        def read_reply(proxy, sock, buffer=b""):
-            recorder.thread.sock = sock
-            reply, rest = original(proxy, sock, buffer)
-            recorder.log("read", recorder.thread.client, recorder.thread.request, connection_number(sock),
-                         bytes(buffer), reply, rest)
-            return reply, rest
-        return read_reply
-
-    def wrap_more_of_reply(original):
-        def more_of_reply(sock):
-            data = original(sock)
-            recorder.log("recv", connection_number(sock), data)
-            return data
-        return more_of_reply
-
-    with recorder:
-        recorder.name_demo_clients()
-        recorder.name_pool_requests()
-        recorder.wrap(FramedProxy, "read_reply", wrap_read_reply)
-        recorder.wrap(tcp_proxy, "more_of_reply", wrap_more_of_reply)
-        _, printed = run_quietly(lambda: [scenario("line-pool", part3_demo.line_pool)(),
-                                          scenario("resp-pool", part3_demo.resp_pool)()])
-    return recorder, printed
+NEVER_READ = "never read"   # the taker of stream bytes no borrower took
+UPSTREAM = "upstream"       # the owner of the untagged twin's bytes: one colour, no caller
 
 
 def scenario_events(recorder, name):
     """The events logged between `scenario (name,)` and the next scenario."""
     found, current = [], None
     for event in recorder.events:
-        if event[0] == "scenario":
-            current = event[1]
+        if isinstance(event, Scenario):
+            current = event.name
         elif current == name:
             found.append(event)
     return found
@@ -122,13 +40,13 @@ def redis_stream(events, connection):
     proxy happened to read depends on the scheduler, not on the scenario.
     Returns (replies, deliveries); a delivery is (client, request, start, end) in
     stream positions."""
-    stream = b"".join(e[2] for e in events if e[0] == "recv" and e[1] == connection)
-    reads = [e[1:] for e in events if e[0] == "read" and e[3] == connection]
+    stream = b"".join(e.data for e in events if isinstance(e, Recv) and e.connection == connection)
+    reads = [e for e in events if isinstance(e, RedisRead) and e.connection == connection]
     deliveries, position = [], 0
-    for client, request, _, _, reply, _ in reads:
-        deliveries.append((client, request, position, position + len(reply)))
-        position += len(reply)
-    owners = [client for client, *_ in reads]   # the n-th request sent answers the n-th reply
+    for read in reads:
+        deliveries.append((read.client, read.request, position, position + len(read.reply)))
+        position += len(read.reply)
+    owners = [read.client for read in reads]   # the n-th request sent answers the n-th reply
     replies, start = [], 0
     while start < position:
         size = resp.reply_size(stream[start:])
@@ -142,27 +60,18 @@ def redis_stream(events, connection):
 def pieces(replies, deliveries):
     """The stream cut at every reply end and delivery end: (owner, taker, bytes, start).
     taker is the client who received the piece, or NEVER_READ."""
-    cuts = {0}
-    position = 0
-    for _, data in replies:
-        position += len(data)
-        cuts.add(position)
-    cuts.update(end for *_, end in deliveries)
-    stream_end = position
-    owner_at = []
-    for owner, data in replies:
-        owner_at += [owner] * len(data)
-    taker_at = [NEVER_READ] * stream_end
-    for client, _, start, end in deliveries:
-        taker_at[start:end] = [client] * (end - start)
-    stream = b"".join(data for _, data in replies)
-    bounds = sorted(cut for cut in cuts if cut <= stream_end)
-    return [(owner_at[low], taker_at[low], stream[low:high], low) for low, high in zip(bounds, bounds[1:])]
+    read_to = deliveries[-1][3] if deliveries else 0
+    found = []
+    for taker, _, start, end in deliveries + [(NEVER_READ, None, read_to, sum(len(d) for _, d in replies))]:
+        for owner, piece in cut(replies, start, end):
+            found.append((owner, taker, piece, start))
+            start += len(piece)
+    return found
 
 
 # --- drawing ---------------------------------------------------------------------------
 
-def draw_redis_panel(svg, left, top, rule, note, events, connection, shown):
+def draw_redis_panel(svg, left, top, rule, note, events, connection, shown, drawn):
     """The first `shown` borrows of one connection: its stream on top, cut where each
     borrower's read ended, then one row per borrower. Returns the panel's bottom."""
     replies, deliveries = redis_stream(events, connection)
@@ -172,6 +81,7 @@ def draw_redis_panel(svg, left, top, rule, note, events, connection, shown):
     for owner, data in replies:   # the replies the shown borrows touched
         if position < shown_end:
             kept.append((owner, data))
+            drawn.add(owner)   # for the legend: a colour only for an owner whose bytes are drawn
         position += len(data)
     svg.text(left, top, rule, 14, INK, bold=True)
     svg.text(left, top + 18, note, 12, MUTED)
@@ -179,7 +89,8 @@ def draw_redis_panel(svg, left, top, rule, note, events, connection, shown):
     svg.text(left, y, f"what Redis wrote on upstream connection {connection}, reply after reply:", 12, MUTED)
     y += 10
     x = left
-    for owner, taker, data, _ in pieces(kept, deliveries):
+    parts = pieces(kept, deliveries)
+    for owner, taker, data, _ in parts:
         stolen = taker not in (owner, NEVER_READ)
         width = svg.bytes_box(x, y, data, owner, 13, wrong=stolen)
         tone = RED if stolen else (MUTED if taker == NEVER_READ else colours(taker)[1])
@@ -188,10 +99,9 @@ def draw_redis_panel(svg, left, top, rule, note, events, connection, shown):
         svg.line(x + width / 2, y + 26, x + width / 2, y + 30, tone, 1.5)
         x += width + 4
     y += 76
-    cut = pieces(kept, deliveries)
     request_width = max(len(visible(request)) for _, request, _, _ in deliveries)
     for client, request, start, end in deliveries:
-        got = [(owner, data) for owner, _, data, at in cut if start <= at < end]
+        got = [(owner, data) for owner, _, data, at in parts if start <= at < end]
         owners = {owner for owner, _ in got}
         whole = any(data == b"".join(d for _, d in got) for o, data in kept if o == client)
         label = f"{client} sent {visible(request):<{request_width}}"
@@ -201,14 +111,13 @@ def draw_redis_panel(svg, left, top, rule, note, events, connection, shown):
         x += text_width("got", 13) + 8
         for owner, data in got:
             x += svg.bytes_box(x, y - 17, data, owner, 13, wrong=owner != client) + 2
-        width = 0
         if whole:
             verdict, tone = "its whole reply", GREEN
         elif owners == {client}:
             verdict, tone = "cut: only the first line of its reply", RED
         else:
             verdict, tone = f"WRONG: bytes of {', '.join(sorted(owners - {client}))}'s reply", RED
-        svg.text(x + width + 10, y, verdict, 13, tone, bold=True)
+        svg.text(x + 10, y, verdict, 13, tone, bold=True)
         y += 32
     return y
 
@@ -221,158 +130,39 @@ def draw_redis_line_pool(recorder):
                       "each client borrows the pool's one upstream connection in turn"])
     line_events = scenario_events(recorder, "line-pool")
     resp_events = scenario_events(recorder, "resp-pool")
-    line_reads = [e for e in line_events if e[0] == "read"]
+    line_reads = [e for e in line_events if isinstance(e, RedisRead)]
+    drawn = set()
     bottom = draw_redis_panel(
         svg, 16, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
         "the bytes read past it stay on the connection for the next borrower", line_events, 1,
-        len(line_reads))
+        len(line_reads), drawn)
     first = line_reads[0]
-    svg.text(16, bottom + 4, f"the line framing stopped after {visible(first[5])}; the rest, "
-             f"{visible(first[6])}, went to the next borrower as its reply", 13, RED, bold=True)
+    svg.text(16, bottom + 4, f"the line framing stopped after {visible(first.reply)}; the rest, "
+             f"{visible(first.rest)}, went to the next borrower as its reply", 13, RED, bold=True)
     bottom = draw_redis_panel(
         svg, 16, bottom + 50, "FramedProxy, framing=RESP: the reply ends where its type byte and length say",
-        "client A's four requests one after another through the pool's one connection", resp_events, 1, 4)
-    resp_reads = [e for e in resp_events if e[0] == "read"]
+        "client A's four requests one after another through the pool's one connection", resp_events, 1, 4, drawn)
+    resp_reads = [e for e in resp_events if isinstance(e, RedisRead)]
     replies, deliveries = redis_stream(resp_events, 1)
     stream = b"".join(data for _, data in replies)
     crowd = deliveries[4:]
     right = sum(any(stream[start:end] == data for owner, data in replies if owner == client)
                 for client, _, start, end in crowd)
-    connections = len({e[3] for e in resp_reads})
+    connections = len({e.connection for e in resp_reads})
     svg.text(16, bottom + 4, f"then {len(crowd)} GETs from 8 clients at once: each got its own whole "
              f"reply {right}/{len(crowd)}, over {connections} upstream connection", 13,
              GREEN if right == len(crowd) else RED, bold=True)
-    svg.legend(16, bottom + 36, [("A's reply", *colours("A")), ("B's reply", *colours("B")),
-                                 ("C's reply", *colours("C")),
-                                 ("red outline: bytes of another client's reply", RED_FILL, RED)])
+    svg.legend(16, bottom + 36, [(f"{owner}'s reply", *colours(owner)) for owner in sorted(drawn)]   # only colours drawn
+               + [("red outline: bytes of another client's reply", RED_FILL, RED)])
     return svg
-
-
-# --- recording: request ids (tagged.py) ---------------------------------------------------
-
-def record_tagged():
-    """Run out_of_order, slow_key and late_reply; return the Recorder and what they printed.
-
-    Logged, per scenario (callers are named A, B, C ... in the order they first call):
-      scenario (name,)           a scenario begins
-      connected ()               a TaggedClient opened its one connection
-      sent (caller, data)        a TaggedClient is about to write a request: `<id> <line>`,
-                                 logged before sendall(), so before the upstream can answer it
-      timeout (caller,)          the caller's call gave up (CallTimeout)
-      got (line,)                the client's reader took a reply line off the connection
-      dropped ()                 ... and dropped the line it just took: its id belongs to a
-                                 call that gave up
-      returned (caller, outcome) the call returned the reply (bytes) or raised (its class name)
-      upstream read (tagged, line)    a TaggedUpstream parsed a request line (tagged: ids or not)
-      upstream ready (tagged, key)    ... the reply to `GET key` is ready: delay and pause over
-      upstream wrote (tagged, line)   ... wrote a reply whole (its `written` log)
-    A caller's events and the reader's are each in their thread's order; between the two,
-    the drawing relies only on what causes what (a reply is got after its request is sent).
-    """
-    recorder = Recorder()
-    callers = {"named": 0, "scenario": 0}   # callers named so far in this scenario; which scenario
-    client_sockets = []   # the TaggedClients' sockets: only their sendall() is a request
-
-    def scenario(name, function):
-        def run():
-            callers["named"] = 0
-            callers["scenario"] += 1
-            recorder.log("scenario", name)
-            return function()
-        return run
-
-    def caller_name():
-        """The calling thread's name, given at its first call in this scenario. Kept in
-        thread-local storage, not by thread ident: a finished thread's ident is reused."""
-        scenario_number, name = getattr(recorder.thread, "caller", (None, None))
-        if scenario_number != callers["scenario"]:
-            name = kit.CLIENT_NAMES[callers["named"]]
-            callers["named"] += 1
-            recorder.thread.caller = (callers["scenario"], name)
-        return name
-
-    def wrap_client_init(original):
-        def __init__(client, *args, **options):
-            original(client, *args, **options)
-            client_sockets.append(client.sock)
-            recorder.log("connected")
-        return __init__
-
-    def wrap_call(original):
-        def call(client, line, *args, **options):
-            caller = caller_name()
-            try:
-                reply = original(client, line, *args, **options)
-            except tagged.TaggedError as error:
-                recorder.log("returned", caller, type(error).__name__)
-                raise
-            recorder.log("returned", caller, reply)
-            return reply
-        return call
-
-    def wrap_sendall(original):
-        def sendall(sock, data, *args):
-            if any(sock is known for known in client_sockets):
-                recorder.log("sent", caller_name(), bytes(data))
-            return original(sock, data, *args)
-        return sendall
-
-    def wrap_client_count(original):
-        def count(client, name, amount=1):
-            if name == "timeouts":
-                recorder.log("timeout", caller_name())
-            if name == "dropped":   # on the reader's thread, just after the line it took
-                recorder.log("dropped")
-            original(client, name, amount)
-        return count
-
-    def wrap_read_lines(original):
-        def read_lines(sock, *args, **options):
-            for line in original(sock, *args, **options):
-                # asked per line: the reader starts before __init__ has noted its socket,
-                # but no reply can come before a request has gone out
-                if any(sock is known for known in client_sockets):
-                    recorder.log("got", line)
-                yield line
-        return read_lines
-
-    def wrap_key_of(original):   # called on the request's own thread, before its pause
-        def key_of(line):
-            recorder.thread.key = original(line)
-            return recorder.thread.key
-        return key_of
-
-    def wrap_upstream_count(original):
-        def count(upstream, name, amount=1):
-            if name == "requests":   # on the connection's reader thread, after `parsed` has it
-                recorder.log("upstream read", upstream.tagged, upstream.parsed[-1])
-            elif name == "ready":    # on the request's thread, its delay and pause over
-                recorder.log("upstream ready", upstream.tagged, recorder.thread.key)
-            elif name == "replies":  # after sendall(), once `written` has it
-                recorder.log("upstream wrote", upstream.tagged, upstream.written[-1])
-            original(upstream, name, amount)
-        return count
-
-    with recorder:
-        recorder.wrap(tagged.TaggedClient, "__init__", wrap_client_init)
-        recorder.wrap(tagged.TaggedClient, "call", wrap_call)
-        recorder.wrap(tagged.TaggedClient, "count", wrap_client_count)
-        recorder.wrap(socket.socket, "sendall", wrap_sendall)
-        recorder.wrap(tagged, "read_lines", wrap_read_lines)
-        recorder.wrap(tagged.TaggedUpstream, "count", wrap_upstream_count)
-        recorder.wrap(tagged, "key_of", wrap_key_of)
-        _, printed = run_quietly(lambda: [scenario("out-of-order", part3_demo.out_of_order)(),
-                                          scenario("slow-key", part3_demo.slow_key)(),
-                                          scenario("late-reply", part3_demo.late_reply)()])
-    return recorder, printed
 
 
 def callers_by_id(events):
     """{id: (caller, request line)} from the bytes each request went out as."""
     found = {}
-    for _, caller, data in (e for e in events if e[0] == "sent"):
-        request_id, line = tagged.parse_tagged(data.rstrip(b"\n"))
-        found[request_id] = (caller, line)
+    for sent in (e for e in events if isinstance(e, TaggedSent)):
+        request_id, line = tagged.parse_tagged(sent.data.rstrip(b"\n"))
+        found[request_id] = (sent.caller, line)
     return found
 
 
@@ -386,10 +176,10 @@ def draw_tagged_sequence(svg, top, events, upstream_label="TaggedUpstream", send
     for a scenario whose hooks leave the scheduler to choose whether a quick reply comes
     before or after the next request is sent (the log's order would change run to run)."""
     if sends_first:
-        events = ([e for e in events if e[0] in ("sent", "timeout")]
-                  + [e for e in events if e[0] == "got"])
+        events = ([e for e in events if isinstance(e, (TaggedSent, Timeout))]
+                  + [e for e in events if isinstance(e, Got)])
     owners = callers_by_id(events)
-    gave_up = {e[1] for e in events if e[0] == "timeout"}
+    gave_up = {e.caller for e in events if isinstance(e, Timeout)}
     names = sorted({caller for caller, _ in owners.values()})
     lane = {name: 40 + index * 90 for index, name in enumerate(names)}
     client_x = lane[names[-1]] + 50      # where the client's reader stands
@@ -403,19 +193,19 @@ def draw_tagged_sequence(svg, top, events, upstream_label="TaggedUpstream", send
     rows_top = y - 12
     wire_order = []
     for event in events:
-        if event[0] == "sent":
-            caller, data = event[1:]
+        if isinstance(event, TaggedSent):
+            caller, data = event
             y += 38
             svg.arrow(lane[caller] + 6, y, upstream_x - 6, y, colours(caller)[1], 1.5)
             svg.bytes_box(label_x, y - 30, data, caller, 13)
-        elif event[0] == "timeout":
-            caller = event[1]
+        elif isinstance(event, Timeout):
+            caller = event.caller
             y += 30
             label = f"{caller} gives up: CallTimeout; its id is abandoned, not reused"
             svg.rect(lane[caller] + 6, y - 15, text_width(label, 13) + 8, 20, "#ffffff")   # over the lifelines
             svg.text(lane[caller] + 10, y, label, 13, RED, bold=True)
-        elif event[0] == "got":
-            line = event[1]
+        elif isinstance(event, Got):
+            line = event.line
             reply_id, _ = tagged.parse_tagged(line)
             caller = owners[reply_id][0]
             wire_order.append(reply_id)
@@ -442,7 +232,7 @@ def draw_tagged_sequence(svg, top, events, upstream_label="TaggedUpstream", send
 
 def draw_results(svg, y, events, owners):
     """One line per call: what it asked, what it returned, whether that is its own reply."""
-    results = {e[1]: e[2] for e in events if e[0] == "returned"}
+    results = {e.caller: e.outcome for e in events if isinstance(e, Returned)}
     rows = []
     for request_id in sorted(owners):
         caller, line = owners[request_id]
@@ -490,11 +280,10 @@ def draw_head_of_line(recorder):
     svg.text(16, bottom + 28, f"id {slow_id} (GET slow) went out first and came back last: "
              f"ids {', '.join(map(str, passed))} passed it", 13, GREEN, bold=True)
     y = draw_results(svg, bottom + 56, events, owners) + 30
-    untagged = [e[1:] for e in events if e[0].startswith("upstream") and e[1] is False]
-    kinds = [e[0] for e in events if e[0].startswith("upstream") and e[1] is False]
-    reads = [line for kind, (_, line) in zip(kinds, untagged) if kind == "upstream read"]
-    readies = [key for kind, (_, key) in zip(kinds, untagged) if kind == "upstream ready"]
-    writes = [line for kind, (_, line) in zip(kinds, untagged) if kind == "upstream wrote"]
+    untagged = [e for e in events if isinstance(e, (UpstreamRead, UpstreamReady, UpstreamWrote)) and not e.tagged]
+    reads = [e.line for e in untagged if isinstance(e, UpstreamRead)]
+    readies = [e.key for e in untagged if isinstance(e, UpstreamReady)]
+    writes = [e.line for e in untagged if isinstance(e, UpstreamWrote)]
     held = next(key for key in readies if key == "slow")
     ready_first = sorted(readies[:readies.index(held)])
     svg.text(16, y, "without ids: the untagged twin, the four requests pipelined in order on one socket", 14,
@@ -525,10 +314,10 @@ def draw_late_reply(recorder):
                              "next request is on the wire; then it writes both"])
     events = scenario_events(recorder, "late-reply")
     bottom, wire_order, owners = draw_tagged_sequence(svg, y + 16, events)
-    dropped = sum(e[0] == "dropped" for e in events)
-    connections = sum(e[0] == "connected" for e in events)
+    dropped = sum(isinstance(e, Dropped) for e in events)
+    connections = sum(isinstance(e, Connected) for e in events)
     later = [request_id for request_id in wire_order if owners[request_id][0] not in
-             {e[1] for e in events if e[0] == "timeout"}]
+             {e.caller for e in events if isinstance(e, Timeout)}]
     svg.text(16, bottom + 28, f"late replies dropped by id: {dropped}; the connection served on: ids "
              f"{', '.join(map(str, later))} went to their callers; connections opened: {connections}", 13,
              GREEN, bold=True)
@@ -544,20 +333,3 @@ PICTURES = {   # file name -> (run the scenarios: (Recorder, what they printed),
     "part3-head-of-line.svg": (record_tagged, draw_head_of_line),
     "part3-late-reply.svg": (record_tagged, draw_late_reply),
 }
-
-
-def render_all():
-    """Run each picture's scenarios (once, however many pictures share them) and draw
-    it; return {file name: SVG text}."""
-    runs = {}
-    for record, _ in PICTURES.values():
-        if record not in runs:
-            runs[record] = record()[0]
-    return {name: draw(runs[record]).render() for name, (record, draw) in PICTURES.items()}
-
-
-def main(argv=None):
-    if not redis_server.redis_available():
-        print(redis_server.INSTALL_HINT)
-        return 1
-    return pictures.main(argv, render=render_all)

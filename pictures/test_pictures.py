@@ -12,19 +12,21 @@ import pytest
 import demo
 from part2 import managed
 from pictures import draw as pictures
+from pictures.record import Disabled, Forwarded, Read, SetCall
 from conftest import ROOT, transcript_section
 from scaffolding import faults, kit
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
 
 HERE = ROOT
-WRAPPED = [(NaiveProxy, "forward"), (NaiveProxy, "route"), (FramedProxy, "checkout"), (FramedProxy, "count"),
-           (Upstream, "reply"), (Upstream, "__init__"), (kit.Client, "__init__"), (kit.Client, "send"),
-           (managed.ManagedClient, "_deliver"), (managed.ManagedClient, "count"), (managed.ManagedSet, "_note"),
-           (managed.ReliabilityCache, "count"), (faults.FaultyUpstream, "close"), (socket.socket, "sendall")]
+TAPPED = [(NaiveProxy, "forward"), (NaiveProxy, "route"), (FramedProxy, "checkout"), (FramedProxy, "count"),
+          (FramedProxy, "read_reply"), (FramedProxy, "checkin"), (Upstream, "reply"), (Upstream, "__init__"),
+          (kit.Client, "__init__"), (kit.Client, "send"), (managed.ManagedClient, "__init__"),
+          (managed.ManagedSet, "call"), (managed.ManagedSet, "pick"), (managed.ReliabilityCache, "is_enabled"),
+          (faults.FaultyUpstream, "close"), (faults.DishonestUpstream, "reply"), (demo, "release_trial")]
 
 
 def own_attributes():
-    return {(owner, name): vars(owner).get(name) for owner, name in WRAPPED}
+    return {(owner, name): vars(owner).get(name) for owner, name in TAPPED}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,15 @@ def test_all_the_scenarios_behind_the_pictures_run_in_under_six_seconds(runs):
 def test_the_recorder_puts_every_method_back(runs):
     _, _, before, after = runs
     assert after == before
-    assert before[(socket.socket, "sendall")] is None   # inherited from _socket.socket, never wrapped for good
+    assert before[(Upstream, "__init__")] is not None and before[(FramedProxy, "count")] is None   # inherited
+
+
+def test_the_recorder_taps_no_private_method_and_no_socket():
+    source = (HERE / "pictures" / "record.py").read_text(encoding="utf-8")
+    tapped = re.findall(r"\.tap\((?:[\w.]+), \"(\w+)\"", source)
+    assert len(tapped) > 20 and not [name for name in tapped if name.startswith("_") and not name.endswith("__")]
+    assert "socket" not in re.findall(r"\.tap\(([\w.]+),", source)
+    assert vars(socket.socket).get("sendall") is None
 
 
 def test_the_runs_that_draw_scenarios_1_and_2_print_the_transcripts_lines(runs):
@@ -81,24 +91,24 @@ def test_the_runs_that_draw_part_two_print_the_managed_transcripts_lines(runs):
         "managed.txt", "Failover with a reliability cache, on the virtual clock")
 
 
-def test_the_release_picture_counts_what_the_transcript_says_8_of_8_framed_0_of_8_timeout(runs):
-    found = pictures.trials(runs[0]["release.svg"][0])
-    assert found["framed"][1] == 8 and found["timeout"][1] == 0
-    assert pictures.tally(found["framed"][0])[4] == pictures.tally(found["timeout"][0])[4] == 8
-    rows = transcript_section("demo.txt", "Release rule x upstream write pattern, pool cap 1")
-    assert "framed   in two parts, paused between    8/8" in rows
-    assert "timeout  in two parts, paused between    0/8" in rows
+def test_the_release_run_is_the_demos_own_and_the_picture_counts_8_of_8_framed_0_of_8_timeout(runs):
+    recorder, printed = runs[0]["release.svg"]
+    assert printed == transcript_section("demo.txt", "Release rule x upstream write pattern, pool cap 1")
+    found = pictures.trials(recorder)
+    assert {label: result for label, (_, result) in found.items()} == {
+        ("framed", False): 8, ("framed", True): 8, ("timeout", False): 8, ("timeout", True): 0}
+    assert pictures.tally(found["framed", True][0])[4] == pictures.tally(found["timeout", True][0])[4] == 8
 
 
 def test_the_timeout_rule_hands_b_the_tail_of_as_answer_and_c_the_tail_of_bs(runs):
-    events, _ = pictures.trials(runs[0]["release.svg"][0])["timeout"]
-    assert [event[2:4] for event in events if event[0] == "read"][:3] == [
+    events, _ = pictures.trials(runs[0]["release.svg"][0])["timeout", True]
+    assert [(e.client, e.reply) for e in events if isinstance(e, Read)][:3] == [
         ("A", b"alpha="), ("B", b"AAAAAAAAAAAA\nbravo="), ("C", b"BBBBBBBBBBBB\ncharli")]
 
 
 def test_the_interleave_strip_holds_the_19_bytes_and_the_two_requests_nobody_sent(runs):
     recorder = runs[0]["interleave.svg"][0]
-    assert pictures.coalesce(recorder.of_kind("forwarded")) == [
+    assert pictures.coalesce([(e.client, e.data) for e in recorder.of(Forwarded)]) == [
         ("A", b"GET alp"), ("B", b"GET beta\n"), ("A", b"ha\n")]
     assert pictures.request_owners(recorder) == [("GET alpGET beta", ["A", "B"]), ("ha", ["A"])]
 
@@ -135,9 +145,9 @@ def test_the_dirty_return_hands_apples_reply_to_banana_only_when_the_timed_out_c
 
 def test_the_failover_picture_has_as_windows_0_to_1_1_to_3_and_3_to_7_seconds(runs):
     recorder = runs[0]["failover-windows.svg"][0]
-    assert [(name, start, end) for name, start, end, _ in recorder.of_kind("disabled")] == [
+    assert [(e.service, e.start, e.end) for e in recorder.of(Disabled)] == [
         ("A", 0.0, 1.0), ("A", 1.0, 3.0), ("A", 3.0, 7.0)]
-    assert [t for t, _ in recorder.of_kind("call")] == [0.0, 0.5, 1.0, 3.0, 4.0, 7.0]
+    assert [e.t for e in recorder.of(SetCall)] == [0.0, 0.5, 1.0, 3.0, 4.0, 7.0]
 
 
 def test_the_dishonest_run_prints_the_transcripts_lines_and_the_picture_counts_what_it_says(runs):
@@ -149,3 +159,29 @@ def test_the_dishonest_run_prints_the_transcripts_lines_and_the_picture_counts_w
     assert pictures.tally(found["FramedProxy"][0]) == (6, 0, 6, 6, 6)
     assert "right 1/6   another client's answer 1" in printed
     assert "right 6/6   another client's answer 0   dirty connections closed 6" in printed
+
+
+def svg_width(svg):
+    return float(re.search(r'<svg [^>]*width="([\d.]+)"', svg).group(1))
+
+
+def test_the_release_picture_stacks_its_trials_no_wider_than_the_other_pictures(runs):
+    svgs = pictures.render_all(runs[0])
+    assert svg_width(svgs["release.svg"]) <= max(svg_width(svg) for name, svg in svgs.items() if name != "release.svg")
+    assert svg_width(svgs["release.svg"]) < 1200
+
+
+def test_the_dishonest_picture_shows_trustingpools_stream_as_one_queue_each_borrower_taking_the_next_line(runs):
+    svg = pictures.render_all(runs[0])["dishonest.svg"]
+    taken = re.findall(r">to (\w), who asked (GET \w+)\\n:</text>", svg)
+    assert taken == [("A", "GET alpha1"), ("B", "GET bravo1"), ("A", "GET alpha2"), ("B", "GET bravo2"),
+                     ("A", "GET alpha3"), ("B", "GET bravo3")]
+    assert "the answers to GET bravo2\\n, GET alpha3\\n, GET bravo3\\n" in svg
+
+
+def test_the_failover_picture_says_a_restarted_only_after_the_call_at_3_seconds_had_failed_on_it(runs):
+    recorder = runs[0]["failover-windows.svg"][0]
+    order = [(type(e).__name__, e.t) for e in recorder.events if type(e).__name__ in ("SetCall", "Service")]
+    assert order.index(("SetCall", 3.0)) < order.index(("Service", 3.0))
+    svg = pictures.render_all(runs[0])["failover-windows.svg"]
+    assert ">restarted at t=3.0s, after that call</text>" in svg and ">A CommunicationError</text>" in svg

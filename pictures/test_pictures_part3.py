@@ -5,22 +5,22 @@ Each picture's scenarios run once for the whole module (the `runs` fixture). The
 Redis ones need a real redis-server: without it their tests skip, except under
 CI=true, where they fail (conftest.need_redis)."""
 import shutil
-import socket
 import time
 
 import pytest
 
 from pictures import draw_part3 as pictures_part3
+from pictures.record import Connected, Dropped, Got, RedisRead, TaggedSent, Timeout, UpstreamReady, UpstreamWrote
 from part3 import tagged
 import tcp_proxy
 from conftest import ROOT, need_redis, transcript_section
 from tcp_proxy import FramedProxy
 
 HERE = ROOT
-WRAPPED = [(FramedProxy, "handle"), (FramedProxy, "exchange"), (FramedProxy, "read_reply"),
-           (tcp_proxy, "more_of_reply"), (tagged.TaggedClient, "__init__"), (tagged.TaggedClient, "call"),
-           (tagged.TaggedClient, "count"), (socket.socket, "sendall"), (tagged, "read_lines"),
-           (tagged.TaggedUpstream, "count"), (tagged, "key_of")]
+TAPPED = [(FramedProxy, "handle"), (FramedProxy, "exchange"), (FramedProxy, "read_reply"),
+          (tcp_proxy, "more_of_reply"), (tagged.TaggedClient, "__init__"), (tagged.TaggedClient, "call"),
+          (tagged.TaggedClient, "count"), (tagged.TaggedClient, "on_event"), (tagged.TaggedUpstream, "count"),
+          (tagged, "key_of")]
 NEEDS_REDIS = {"part3-redis-line-pool.svg"}
 SECTIONS = {   # picture -> the transcript sections its run prints
     "part3-redis-line-pool.svg": ["A pool that frames Redis replies by line: the tail goes to the next borrower",
@@ -38,7 +38,7 @@ SECTIONS = {   # picture -> the transcript sections its run prints
 
 
 def own_attributes():
-    return [vars(owner).get(name) for owner, name in WRAPPED]
+    return [vars(owner).get(name) for owner, name in TAPPED]
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +88,7 @@ def test_recording_changes_nothing_the_scenarios_print_and_every_wrap_is_undone(
 def test_the_line_pool_recording_shows_the_tail_of_as_reply_delivered_to_b(runs):
     recorder = run_of(runs, "part3-redis-line-pool.svg")[0]
     events = pictures_part3.scenario_events(recorder, "line-pool")
-    reads = [event[1:] for event in events if event[0] == "read"]
-    assert [(client, reply) for client, _, _, _, reply, _ in reads] == [
+    assert [(e.client, e.reply) for e in events if isinstance(e, RedisRead)] == [
         ("A", b"$5\r\n"), ("B", b"hello\r\n"), ("C", b"$5\r\n")]
     replies, _ = pictures_part3.redis_stream(events, 1)
     assert replies == [("A", b"$5\r\nhello\r\n"), ("B", b"$5\r\nworld\r\n")]
@@ -98,29 +97,34 @@ def test_the_line_pool_recording_shows_the_tail_of_as_reply_delivered_to_b(runs)
 def test_the_out_of_order_recording_has_ids_1_2_3_out_and_replies_3_1_2_back(runs):
     recorder = run_of(runs, "part3-tagged-out-of-order.svg")[0]
     events = pictures_part3.scenario_events(recorder, "out-of-order")
-    assert [event[1:] for event in events if event[0] == "sent"] == [
+    assert [tuple(e) for e in events if isinstance(e, TaggedSent)] == [
         ("A", b"1 GET alpha\n"), ("B", b"2 GET bravo\n"), ("C", b"3 GET charlie\n")]
-    assert [event[1] for event in events if event[0] == "got"] == [
+    assert [e.line for e in events if isinstance(e, Got)] == [
         b"3 charlie=CCCCCCCCCCCC", b"1 alpha=AAAAAAAAAAAA", b"2 bravo=BBBBBBBBBBBB"]
 
 
 def test_the_slow_key_recording_has_the_fast_replies_pass_it_with_ids_and_wait_behind_it_without(runs):
     recorder = run_of(runs, "part3-head-of-line.svg")[0]
     events = pictures_part3.scenario_events(recorder, "slow-key")
-    assert [tagged.parse_tagged(event[1])[0] for event in events if event[0] == "got"] == [2, 3, 4, 1]
-    untagged = [event for event in events if event[0].startswith("upstream") and event[1] is False]
-    first_write = next(index for index, event in enumerate(untagged) if event[0] == "upstream wrote")
-    assert sorted(event[2] for event in untagged[:first_write] if event[0] == "upstream ready") == [
-        "a", "b", "c", "slow"]
-    assert [event[2] for event in untagged if event[0] == "upstream wrote"] == [
+    assert [tagged.parse_tagged(e.line)[0] for e in events if isinstance(e, Got)] == [2, 3, 4, 1]
+    untagged = [e for e in events if isinstance(e, (UpstreamReady, UpstreamWrote)) and e.tagged is False]
+    first_write = next(index for index, e in enumerate(untagged) if isinstance(e, UpstreamWrote))
+    assert sorted(e.key for e in untagged[:first_write]) == ["a", "b", "c", "slow"]
+    assert [e.line for e in untagged if isinstance(e, UpstreamWrote)] == [
         "slow=SSSSSSSSSSSS", "a=AAAAAAAAAAAA", "b=BBBBBBBBBBBB", "c=CCCCCCCCCCCC"]
 
 
 def test_the_late_reply_recording_drops_id_1_after_its_call_gave_up_and_serves_ids_2_and_3(runs):
     recorder = run_of(runs, "part3-late-reply.svg")[0]
     events = pictures_part3.scenario_events(recorder, "late-reply")
-    shown = [(event[0], *event[1:]) for event in events if event[0] in ("sent", "timeout", "got", "dropped")]
-    assert shown == [("sent", "A", b"1 GET slow\n"), ("timeout", "A"), ("sent", "B", b"2 GET next\n"),
-                     ("got", b"1 slow=SSSSSSSSSSSS"), ("dropped",), ("got", b"2 next=NNNNNNNNNNNN"),
-                     ("sent", "C", b"3 GET after\n"), ("got", b"3 after=AAAAAAAAAAAA")]
-    assert sum(event[0] == "connected" for event in events) == 1
+    shown = [(type(e).__name__, *e) for e in events if isinstance(e, (TaggedSent, Timeout, Got, Dropped))]
+    assert shown == [("TaggedSent", "A", b"1 GET slow\n"), ("Timeout", "A"), ("TaggedSent", "B", b"2 GET next\n"),
+                     ("Got", b"1 slow=SSSSSSSSSSSS"), ("Dropped",), ("Got", b"2 next=NNNNNNNNNNNN"),
+                     ("TaggedSent", "C", b"3 GET after\n"), ("Got", b"3 after=AAAAAAAAAAAA")]
+    assert sum(isinstance(e, Connected) for e in events) == 1
+
+
+def test_the_redis_picture_has_a_legend_colour_only_for_owners_whose_bytes_it_draws(runs):
+    recorder = run_of(runs, "part3-redis-line-pool.svg")[0]
+    svg = pictures_part3.draw_redis_line_pool(recorder).render()
+    assert ">A's reply</text>" in svg and ">B's reply</text>" in svg and ">C's reply</text>" not in svg

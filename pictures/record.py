@@ -1,0 +1,373 @@
+"""pictures.record: what the pictures are drawn from, heard through declared seams.
+
+A reader of the lesson need not read this module. Each record_*() runs scenarios of
+demo.py, part2/managed_demo.py or part3/part3_demo.py, unchanged, and returns a
+Recorder holding the events they made, each a small named type (below). It hears
+them two ways, each declared in one line: the event callbacks the lesson offers
+(on_event, in Part two and in tagged.TaggedClient), and taps on public methods
+(Client.send, Upstream.reply, FramedProxy.exchange, read_reply, checkin, the
+hooks' count() ...), which call the method unchanged and are undone when the
+`with` block ends. Nothing here waits, orders or holds anything: the order is the
+scenario's own, fixed by the hooks it waits on.
+"""
+import contextlib
+import io
+import threading
+from collections import namedtuple
+
+import demo
+from part2 import managed
+from part3 import part3_demo, tagged
+from scaffolding import faults, kit
+import tcp_proxy
+from tcp_proxy import FramedProxy, NaiveProxy, Upstream
+
+
+def event(name, fields, doc):
+    kind = namedtuple(name, fields)
+    kind.__doc__ = doc
+    return kind
+
+
+# Part one: the blind relay (record_naive_relay)
+Sent = event("Sent", "client data", "a demo client's send()")
+Forwarded = event("Forwarded", "client data", "a chunk NaiveProxy wrote upstream, and whose it was")
+Last = event("Last", "client", "NaiveProxy.last after that chunk")
+Parsed = event("Parsed", "line", "a request line the upstream parsed")
+Replied = event("Replied", "data gate", "a reply the upstream is about to write, and its gate")
+Routed = event("Routed", "data routing targets", "a chunk route() read, its rule, the clients it goes to")
+Received = event("Received", "client data", "what a demo client read to EOF")
+# Part one: a pool's connection, borrow by borrow (record_pool); k counts the trial's borrows
+Trial = event("Trial", "label", "a trial begins")
+TrialEnd = event("TrialEnd", "label result", "what the trial function returned")
+Borrowed = event("Borrowed", "k client request connection", "checkout() lent connection n for a request")
+Wrote = event("Wrote", "k connection data honest part",
+              "the upstream writes data (part 'first' or 'rest') of its k-th reply; honest: what it was asked to")
+Partial = event("Partial", "k", "the framed reader holds part of reply k and reads on")
+Read = event("Read", "k client reply connection", "read_reply() is done: what the client will be sent")
+Checkin = event("Checkin", "k client outcome connection timeout", "the connection goes back, or is closed")
+# Part two (record_managed), from on_event and a few taps
+Made = event("Made", "client late_replies fatal", "a ManagedClient is made")
+Step = event("Step", "client kind t connection call owed ended reply settled abandoned",
+             "on_event: a request sent, a call timed out, or a reply (settled: the oldest call owed)")
+Move = event("Move", "client before after reason", "on_event: the client's state changed")
+SetMade = event("SetMade", "names policy cache_policy threshold", "a ManagedSet over services A, B ...")
+SetCall = event("SetCall", "t request", "ManagedSet.call() begins")
+Enabled = event("Enabled", "service yes", "pick() asked the cache about a service")
+Attempt = event("Attempt", "t number service result", "on_event: an attempt ended")
+Disabled = event("Disabled", "service start end reason", "on_event: the cache opened a window")
+Service = event("Service", "kind t service", "an upstream stopped or restarted")
+SetShutDown = event("SetShutDown", "", "the scenario's cleanup begins")
+# Part three (record_redis_pools, record_tagged)
+Scenario = event("Scenario", "name", "a scenario begins")
+RedisRead = event("RedisRead", "client request connection leftover reply rest", "read_reply() returned")
+Recv = event("Recv", "connection data", "more_of_reply() read data from the upstream")
+Connected = event("Connected", "", "a TaggedClient opened its connection")
+TaggedSent = event("TaggedSent", "caller data", "on_event: a request about to be written, id and all")
+Timeout = event("Timeout", "caller", "the caller's call gave up")
+Got = event("Got", "line", "on_event: the client's reader took a reply line")
+Dropped = event("Dropped", "", "... and dropped it: its call gave up")
+Returned = event("Returned", "caller outcome", "the call returned a reply (bytes) or raised (the class name)")
+UpstreamRead = event("UpstreamRead", "tagged line", "a TaggedUpstream parsed a request line")
+UpstreamReady = event("UpstreamReady", "tagged key", "... its reply's delay and pause are over")
+UpstreamWrote = event("UpstreamWrote", "tagged line", "... it wrote a reply line whole")
+
+
+class Recorder(contextlib.ExitStack):
+    """The events of one recording, in the order they happened, and the taps that hear
+    them (undone when the `with` block ends)."""
+
+    def __init__(self):
+        super().__init__()
+        self.events = []
+        self.names = {}                  # a demo client's socket address -> its name ("A")
+        self.thread = threading.local()  # per-thread notes, e.g. the client a handler serves
+        self._lock = threading.Lock()
+
+    def log(self, happened):
+        with self._lock:
+            self.events.append(happened)
+
+    def of(self, kind):
+        return [e for e in self.events if isinstance(e, kind)]
+
+    def tap(self, owner, name, before=None, after=None, raised=None):
+        """owner.name, unchanged, with before(*args) called first, and after(result, *args) once
+        it returns or raised(error, *args) if it raises."""
+        original = getattr(owner, name)
+
+        def tapped(*args, **options):
+            if before:
+                before(*args, **options)
+            try:
+                result = original(*args, **options)
+            except Exception as error:
+                if raised:
+                    raised(error, *args, **options)
+                raise
+            if after:
+                after(result, *args, **options)
+            return result
+        if name in vars(owner):
+            self.callback(setattr, owner, name, vars(owner)[name])
+        else:   # inherited: deleting the tap uncovers the inherited one again
+            self.callback(delattr, owner, name)
+        setattr(owner, name, tapped)
+
+    def listen(self, source, hear):
+        """Hear source's on_event too, after whatever the scenario gave it (once per source)."""
+        theirs = source.on_event
+        if not getattr(theirs, "recorder", None) is self:
+            def both(origin, what):
+                if theirs:
+                    theirs(origin, what)
+                hear(origin, what)
+            both.recorder = self
+            source.on_event = both
+
+    def peer(self, sock):
+        """The demo client at the other end of a proxy's socket (named once its connect returned)."""
+        return self.names.get(sock.getpeername(), "?")
+
+    def name_demo_clients(self):
+        self.tap(kit.Client, "__init__", after=lambda _, client, name, *a, **o: self.names.__setitem__(
+            client.sock.getsockname(), name))
+
+    def name_pool_requests(self):
+        """Note, per FramedProxy handler thread, its client (thread.client) and request (thread.request)."""
+        self.tap(FramedProxy, "handle", before=lambda proxy, conn: setattr(self.thread, "conn", conn))
+        self.tap(FramedProxy, "exchange", before=lambda proxy, request: self.note(
+            client=self.peer(self.thread.conn), request=request))
+
+    def note(self, **values):
+        for name, value in values.items():
+            setattr(self.thread, name, value)
+
+
+def run_quietly(scenario, *args):
+    """Run a demo scenario; return what it printed."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        scenario(*args)
+    return printed.getvalue()
+
+
+def record_naive_relay(scenario):
+    """A NaiveProxy scenario of demo.py: (Recorder, what it printed)."""
+    with Recorder() as r:
+        r.name_demo_clients()
+        r.tap(kit.Client, "send", before=lambda client, data: r.log(Sent(client.name, data)))
+        r.tap(kit.Client, "read_to_eof", after=lambda data, client: r.log(Received(client.name, data)))
+        r.tap(NaiveProxy, "forward", before=lambda proxy, client, data: r.log(Forwarded(r.peer(client), data)),
+              after=lambda _, proxy, *a: r.log(Last(r.peer(proxy.last))))
+        r.tap(NaiveProxy, "route", before=lambda proxy, data: r.log(Routed(data, proxy.routing, sorted(
+            r.peer(c) for c in (proxy.clients if proxy.routing == "broadcast" else [proxy.last]) if c))))
+        r.tap(Upstream, "count", before=lambda up, name, n=1: name == "requests" and r.log(Parsed(up.parsed[-1])))
+        r.tap(Upstream, "reply", before=lambda up, conn, data: r.log(Replied(data, up.gate)))
+        printed = run_quietly(scenario)
+    return r, printed
+
+
+def record_pool(scenario, trial_function, label_of):
+    """A FramedProxy scenario of demo.py, each trial of it (`trial_function`, named by
+    label_of(its arguments)) borrow by borrow: (Recorder, what it printed)."""
+    trial = {}   # this trial's borrows, replies, partial reads and connection numbers
+
+    def begin(*args):
+        trial.update(k=0, replies=0, partial=set(), numbers={})
+        r.names.clear()
+        r.log(Trial(label_of(*args)))
+
+    def number(address):
+        return trial["numbers"].setdefault(address, len(trial["numbers"]) + 1)
+
+    def borrowed(sock, proxy):
+        trial["k"] += 1
+        r.note(exchange=trial["k"])
+        r.log(Borrowed(trial["k"], r.thread.client, r.thread.request, number(sock.getsockname())))
+
+    def partial(proxy, name, amount=1):
+        if name == "partial_replies" and r.thread.exchange not in trial["partial"]:
+            trial["partial"].add(r.thread.exchange)
+            r.log(Partial(r.thread.exchange))
+
+    def replying(upstream, conn, data):   # on the upstream's writer thread, before Upstream.reply
+        trial["replies"] += 1
+        honest = getattr(r.thread, "honest", None) or data   # a DishonestUpstream's, or the reply itself
+        r.note(honest=None, reply=(trial["replies"], number(conn.getpeername()), data, honest, upstream.split_at or 0))
+        if upstream.split_at:
+            r.log(Wrote(*r.thread.reply[:2], data[:upstream.split_at], honest[:upstream.split_at], "first"))
+
+    def rest_follows(upstream_pause):   # the pause(k) knob: the reply's rest is written once it returns
+        def pause(reply_number):
+            upstream_pause(reply_number)
+            k, connection, data, honest, cut = r.thread.reply
+            r.log(Wrote(k, connection, data[cut:], honest[cut:], "rest"))
+        return pause
+
+    with Recorder() as r:
+        r.name_demo_clients()
+        r.name_pool_requests()
+        r.tap(demo, trial_function, before=begin,
+              after=lambda result, *args: r.log(TrialEnd(label_of(*args), result if isinstance(result, int) else None)))
+        r.tap(FramedProxy, "checkout", after=borrowed)
+        r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(Read(
+            r.thread.exchange, r.thread.client, result[0], number(sock.getsockname()))))
+        r.tap(FramedProxy, "count", before=partial)
+        r.tap(FramedProxy, "checkin", before=lambda proxy, sock, outcome: r.log(Checkin(
+            r.thread.exchange, r.thread.client, outcome, number(sock.getsockname()),
+            proxy.release_timeout if proxy.release == "timeout" else None)))
+        r.tap(faults.DishonestUpstream, "reply", before=lambda up, conn, data: r.note(honest=data))
+        r.tap(Upstream, "reply", before=replying)
+        r.tap(Upstream, "__init__", after=lambda _, upstream, *a, **o: setattr(
+            upstream, "pause", rest_follows(upstream.pause)))
+        printed = run_quietly(scenario)
+    return r, printed
+
+
+def record_managed(scenario):
+    """A managed_demo.py scenario: (Recorder, what it printed). Services are named A, B ... in
+    the set's order; a queue is the calls owed on a connection, oldest first, as (call, abandoned)."""
+    names = {}   # a service's address -> its name
+    clock = []   # the set's clock, once there is a set
+
+    def name(addr):
+        return names.get(addr, str(addr))
+
+    def line(request):
+        return request.decode().rstrip("\n")
+
+    def queue(owed):
+        return tuple((line(request), abandoned) for request, abandoned in owed)
+
+    def heard(source, what):
+        kind, *rest = what
+        if kind == "transition":
+            r.log(Move(source, *rest))
+        elif kind in ("sent", "timed out"):
+            t, connection, owed, ended, request = rest
+            r.log(Step(source, kind, t, connection, line(request), queue(owed), ended, None, None, False))
+        elif kind == "reply":
+            t, connection, owed, ended, reply, oldest = rest
+            r.log(Step(source, kind, t, connection, None, queue(owed), ended, reply,
+                       oldest and line(oldest.request), bool(oldest and oldest.abandoned)))
+        elif kind == "attempt":
+            _, number, index, result = what
+            r.log(Attempt(source.clock.now(), number, kit.CLIENT_NAMES[index] if index is not None else "-", result))
+        elif kind == "disabled":
+            key, start, end, reason = rest
+            r.log(Disabled(name(key), start, end, reason))
+
+    def client_made(_, client, addr, **options):
+        r.listen(client, heard)
+        r.log(Made(client, client.late_replies, client.msg_timeout_is_fatal))
+
+    def set_made(_, managed_set, services, **options):
+        r.listen(managed_set, heard)
+        r.listen(managed_set.rcache, heard)
+        clock[:] = [managed_set.clock]
+        names.update({addr: kit.CLIENT_NAMES[index] for index, (addr, _) in enumerate(services)})
+        cache = managed_set.rcache
+        r.log(SetMade(tuple(names.values()), managed_set.policy, cache.setting("policy"), cache.setting("threshold")))
+
+    def changed(kind):
+        def log(upstream):
+            if upstream.addr in names and upstream.closed == (kind == "restarted"):   # a change, not a second close()
+                r.log(Service(kind, clock[0].now(), names[upstream.addr]))
+        return log
+
+    with Recorder() as r:
+        r.tap(managed.ManagedClient, "__init__", after=client_made)
+        r.tap(managed.ManagedSet, "__init__", after=set_made)
+        r.tap(managed.ManagedSet, "shut_down", before=lambda managed_set: r.log(SetShutDown()))
+        r.tap(managed.ManagedSet, "call", before=lambda s, request: r.log(SetCall(s.clock.now(), request)))
+        r.tap(managed.ManagedSet, "pick", before=lambda s, *a: r.note(picking=True),
+              after=lambda *a: r.note(picking=False))
+        r.tap(managed.ReliabilityCache, "is_enabled", after=lambda yes, cache, addr: getattr(
+            r.thread, "picking", False) and r.log(Enabled(name(addr), yes)))
+        r.tap(faults.FaultyUpstream, "close", before=changed("stopped"))
+        r.tap(faults.FaultyUpstream, "restart", before=changed("restarted"))
+        printed = run_quietly(scenario)
+    return r, printed
+
+
+def scenarios(recorder, begin, *named):
+    """A function running each (name, scenario) in turn, each after begin() and a Scenario event."""
+    def run():
+        for name, scenario in named:
+            begin()
+            recorder.log(Scenario(name))
+            scenario()
+    return run
+
+
+def record_redis_pools():
+    """part3_demo's line_pool and resp_pool: (Recorder, what they printed). Connections are
+    numbered from 1 in each scenario, in the order they are first used."""
+    numbers = {}   # the upstream socket's local address -> its number in this scenario
+
+    def number(sock):
+        return numbers.setdefault(sock.getsockname(), len(numbers) + 1)
+
+    with Recorder() as r:
+        r.name_demo_clients()
+        r.name_pool_requests()
+        r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, buffer=b"": r.log(RedisRead(
+            r.thread.client, r.thread.request, number(sock), bytes(buffer), *result)))
+        r.tap(tcp_proxy, "more_of_reply", after=lambda data, sock: r.log(Recv(number(sock), data)))
+        printed = run_quietly(scenarios(r, lambda: numbers.clear() or r.names.clear(),
+                                        ("line-pool", part3_demo.line_pool), ("resp-pool", part3_demo.resp_pool)))
+    return r, printed
+
+
+def record_tagged():
+    """part3_demo's out_of_order, slow_key and late_reply: (Recorder, what they printed).
+    Callers are named A, B, C ... in the order they first call in a scenario."""
+    callers = {"named": 0, "scenario": 0}   # callers named so far in this scenario; which scenario
+
+    def caller():
+        """The calling thread's name, given at its first call in this scenario (kept per thread,
+        not by thread ident: a finished thread's ident is reused)."""
+        scenario, name = getattr(r.thread, "caller", (None, None))
+        if scenario != callers["scenario"]:
+            name = kit.CLIENT_NAMES[callers["named"]]
+            callers["named"] += 1
+            r.note(caller=(callers["scenario"], name))
+        return name
+
+    def heard(client, what):
+        kind, data = what
+        r.log(TaggedSent(caller(), data) if kind == "sent" else Got(data))
+
+    def client_made(_, client, *args, **options):
+        r.listen(client, heard)
+        r.log(Connected())
+
+    def client_counted(client, name, amount=1):
+        if name == "timeouts":
+            r.log(Timeout(caller()))
+        elif name == "dropped":   # on the reader's thread, just after the line it took
+            r.log(Dropped())
+
+    def upstream_counted(upstream, name, amount=1):
+        if name == "requests":   # on the connection's reader thread, after `parsed` has it
+            r.log(UpstreamRead(upstream.tagged, upstream.parsed[-1]))
+        elif name == "ready":    # on the request's thread, its delay and pause over
+            r.log(UpstreamReady(upstream.tagged, r.thread.key))
+        elif name == "replies":  # after sendall(), once `written` has it
+            r.log(UpstreamWrote(upstream.tagged, upstream.written[-1]))
+
+    def begin():
+        callers.update(named=0, scenario=callers["scenario"] + 1)
+
+    with Recorder() as r:
+        r.tap(tagged.TaggedClient, "__init__", after=client_made)
+        r.tap(tagged.TaggedClient, "call", before=lambda client, *a: caller(),
+              after=lambda reply, client, *a: r.log(Returned(caller(), reply)),
+              raised=lambda error, client, *a: r.log(Returned(caller(), type(error).__name__)))
+        r.tap(tagged.TaggedClient, "count", before=client_counted)
+        r.tap(tagged.TaggedUpstream, "count", before=upstream_counted)
+        r.tap(tagged, "key_of", after=lambda key, line: r.note(key=key))   # on the request's thread
+        printed = run_quietly(scenarios(r, begin, ("out-of-order", part3_demo.out_of_order),
+                                        ("slow-key", part3_demo.slow_key), ("late-reply", part3_demo.late_reply)))
+    return r, printed

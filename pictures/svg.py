@@ -1,0 +1,167 @@
+"""pictures.svg: a few shapes and monospace text, and the colours every picture shares.
+A reader of the lesson need not read this module."""
+import contextlib
+from xml.sax.saxutils import escape
+
+FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
+ADVANCE = 0.61   # a DejaVu Sans Mono character is 0.602 em wide; a little to spare
+INK, MUTED, FAINT = "#222222", "#666666", "#bbbbbb"
+RED, GREEN = "#c62828", "#2e7d32"
+RED_FILL = "#fbe0e0"
+UPSTREAM_COLOURS = ("#eeeeee", "#555555")
+CLIENT_COLOURS = {   # name -> (fill, stroke); the same client has the same colour in every picture
+    "A": ("#dbe8f7", "#1f5fa8"),
+    "B": ("#fde3cc", "#b85c00"),
+    "C": ("#e4dcf3", "#5b3a9e"),
+    "nobody": (RED_FILL, RED),   # bytes no request asked for
+}
+
+
+def colours(name):
+    return CLIENT_COLOURS.get(name, UPSTREAM_COLOURS)
+
+
+def number(value):
+    """A coordinate as the file shows it: at most one decimal, so every run writes the same."""
+    text = f"{value:.1f}"
+    return text[:-2] if text.endswith(".0") else text
+
+
+def visible(data):
+    """Bytes as a label: b"GET a\\n" -> GET a\\n (every line end shown)."""
+    return repr(bytes(data))[2:-1]
+
+
+def text_width(content, size):
+    return len(content) * size * ADVANCE
+
+
+class Svg:
+    """An SVG picture that grows to hold what is drawn on it.
+
+    Every shape widens the picture's extent, text by its estimated width, so
+    nothing drawn can fall outside the picture; a shape left of or above the
+    origin is a layout bug and render() raises.
+    """
+
+    def __init__(self, title):
+        self.title = title
+        self.parts = []
+        self.left = self.top = 0.0
+        self.right = self.bottom = 0.0
+
+    def _cover(self, x1, y1, x2, y2):
+        self.left, self.top = min(self.left, x1, x2), min(self.top, y1, y2)
+        self.right, self.bottom = max(self.right, x1, x2), max(self.bottom, y1, y2)
+
+    def rect(self, x, y, width, height, fill="none", stroke="none", stroke_width=1, dash=None, radius=0):
+        self._cover(x, y, x + width, y + height)
+        extra = f' stroke-dasharray="{dash}"' if dash else ""
+        extra += f' rx="{radius}"' if radius else ""
+        self.parts.append(f'<rect x="{number(x)}" y="{number(y)}" width="{number(width)}" '
+                          f'height="{number(height)}" fill="{fill}" stroke="{stroke}" '
+                          f'stroke-width="{number(stroke_width)}"{extra}/>')
+
+    def line(self, x1, y1, x2, y2, stroke=INK, width=1.0, dash=None):
+        self._cover(x1, y1, x2, y2)
+        extra = f' stroke-dasharray="{dash}"' if dash else ""
+        self.parts.append(f'<line x1="{number(x1)}" y1="{number(y1)}" x2="{number(x2)}" '
+                          f'y2="{number(y2)}" stroke="{stroke}" stroke-width="{number(width)}"{extra}/>')
+
+    def polygon(self, points, fill):
+        for x, y in points:
+            self._cover(x, y, x, y)
+        listed = " ".join(f"{number(x)},{number(y)}" for x, y in points)
+        self.parts.append(f'<polygon points="{listed}" fill="{fill}"/>')
+
+    def arrow(self, x1, y1, x2, y2, stroke=INK, width=1.5, dash=None, head=8):
+        """A straight line from (x1, y1) with a head at (x2, y2)."""
+        length = max(((x2 - x1) ** 2 + (y2 - y1) ** 2) ** 0.5, 1)
+        ux, uy = (x2 - x1) / length, (y2 - y1) / length
+        base_x, base_y = x2 - ux * head, y2 - uy * head
+        self.line(x1, y1, base_x, base_y, stroke, width, dash)
+        self.polygon([(x2, y2), (base_x - uy * head / 2, base_y + ux * head / 2),
+                      (base_x + uy * head / 2, base_y - ux * head / 2)], stroke)
+
+    def text(self, x, y, content, size=13, fill=INK, anchor="start", bold=False):
+        """One line of monospace text; (x, y) is the baseline's start, middle or end."""
+        width = text_width(content, size)
+        start = {"start": x, "middle": x - width / 2, "end": x - width}[anchor]
+        self._cover(start, y - size, start + width, y + size * 0.3)
+        weight = ' font-weight="bold"' if bold else ""
+        anchor_attribute = f' text-anchor="{anchor}"' if anchor != "start" else ""
+        self.parts.append(f'<text x="{number(x)}" y="{number(y)}" font-size="{size}" '
+                          f'fill="{fill}"{anchor_attribute}{weight}>{escape(content)}</text>')
+
+    def bytes_box(self, x, y, data, owner, size=13, wrong=False, height=24):
+        """A box holding bytes as a label, filled with their owner's colour; returns its width."""
+        fill, stroke = colours(owner)
+        width = text_width(visible(data), size) + 10
+        self.rect(x, y, width, height, fill, RED if wrong else stroke, 2.5 if wrong else 1, radius=3)
+        self.text(x + 5, y + height / 2 + size * 0.35, visible(data), size, INK)
+        return width
+
+    def legend(self, x, y, entries, size=12):
+        """A legend line: (label, fill, stroke) per entry, left to right."""
+        for label, fill, stroke in entries:
+            self.rect(x, y - size + 1, size, size, fill, stroke, 1.5)
+            self.text(x + size + 6, y, label, size, INK)
+            x += size + 6 + text_width(label, size) + 22
+
+    @contextlib.contextmanager
+    def behind(self, position):
+        """Shapes drawn inside the block go under those drawn since parts[position]."""
+        later = self.parts[position:]
+        del self.parts[position:]
+        yield
+        self.parts.extend(later)
+
+    def render(self, margin=16):
+        if self.left < 0 or self.top < 0:
+            raise ValueError(f"{self.title!r}: drawn outside the picture at ({self.left}, {self.top})")
+        width, height = number(self.right + margin), number(self.bottom + margin)
+        return "\n".join([
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" font-family="{FONT}" xml:space="preserve">',
+            f"<title>{escape(self.title)}</title>",
+            f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+            *self.parts,
+            "</svg>",
+            ""])
+
+
+def heading(svg, lines, x=16, y=28):
+    """The picture's visible title and a line or two under it; returns the y below them."""
+    svg.text(x, y, lines[0], 16, INK, bold=True)
+    for line in lines[1:]:
+        y += 20
+        svg.text(x, y, line, 12, MUTED)
+    return y + 22
+
+
+def cut(chunks, start, end):
+    """The bytes start..end of a stream laid end to end from (tag, bytes) chunks: [(tag, bytes)]."""
+    found, position = [], 0
+    for tag, data in chunks:
+        low, high = max(start, position), min(end, position + len(data))
+        if low < high:
+            found.append((tag, data[low - position:high - position]))
+        position += len(data)
+    return found
+
+
+def owners_of(chunks, start, end):
+    """Who sent the bytes start..end of a stream made of (owner, data) chunks, in order."""
+    return list(dict.fromkeys(owner for owner, _ in cut(chunks, start, end)))
+
+
+def coalesce(chunks):
+    """Join adjacent (owner, data) chunks of the same owner: how a recv() cut them is noise."""
+    joined = []
+    for owner, data in chunks:
+        if joined and joined[-1][0] == owner:
+            joined[-1] = (owner, joined[-1][1] + data)
+        else:
+            joined.append((owner, data))
+    return joined
+
