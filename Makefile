@@ -1,5 +1,5 @@
 # make test   - a virtual environment with the test requirements, redis-server, then the whole suite
-# make check  - test, then both transcripts' determinism under load, then originality
+# make check  - lint and test, then each transcript's determinism under load (four), then originality
 # make pictures - run the scenarios and redraw pictures/*.svg from what they recorded (Part three's need redis-server)
 # make lint   - pyflakes-level checks (ruff: unused and undefined names, syntax); no formatter
 # make wild   - redis-py's cancelled-reply leak with the real library, 4.5.1 against 4.5.5 and 8.1.0
