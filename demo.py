@@ -23,7 +23,7 @@ import socket
 import statistics
 import sys
 
-from scaffolding.faults import DishonestUpstream, TrustingPool
+from scaffolding.faults import FaultyUpstream, TrustingPool
 from scaffolding.kit import (KEY_WORDS, ROUNDS, Client, ask_in_turn, clients, keys_for,
                              parsed_line, request, run_concurrently, sent_line, show)
 from tcp_proxy import FramedProxy, NaiveProxy, PassthroughProxy, Upstream, answer
@@ -329,7 +329,7 @@ def half_close_verdict(received, whole):
 def dishonest_trial(pool_class):
     """A and B take turns through a pool of one connection to an upstream that follows
     every reply with EXTRA; returns each client's requests and replies, and the proxy."""
-    with DishonestUpstream("extra") as upstream, pool_class(upstream.addr) as proxy, \
+    with FaultyUpstream(every="extra") as upstream, pool_class(upstream.addr) as proxy, \
             contextlib.ExitStack() as stack:
         crowd, received = clients(stack, proxy.addr, 2), {"A": [], "B": []}
         for round_number in range(ROUNDS):

@@ -13,7 +13,7 @@ import pytest
 
 import demo
 from scaffolding import faults, kit
-from scaffolding.faults import DishonestUpstream, TrustingPool
+from scaffolding.faults import FaultyUpstream, TrustingPool
 import tcp_proxy
 from tests.linecount import code_lines
 from tcp_proxy import MAX_LINE, FramedProxy, NaiveProxy, PassthroughProxy, Upstream, answer
@@ -376,16 +376,23 @@ def take_turns(proxy_addr, rounds=3):
         return received
 
 
+# how the upstream misbehaves -> (its fault on every reply, on the first one only, cut_at)
+MISBEHAVIOURS = {"extra": ("extra", None, None), "extra-later": ("extra-later", None, None),
+                 "drop-first": (None, "skip", None), "endless": ("endless", None, None),
+                 "hang-up": ("hang-up", None, None), "mid-reply": ("cut", None, 6), "silent": ("skip", None, None)}
 # mode -> (right answers of 6, ERR lines of 6) where the outcome does not depend on timing
 EXACT_OUTCOMES = {"extra": (6, 0), "drop-first": (5, 1), "endless": (0, 6), "mid-reply": (0, 6),
                   "silent": (0, 6)}
 
 
-@pytest.mark.parametrize("mode", DishonestUpstream.MODES)
+@pytest.mark.parametrize("mode", MISBEHAVIOURS)
 def test_framed_pool_gives_each_client_its_own_reply_or_an_err_line_whatever_the_upstream_does(mode):
     later = lambda reply_number: time.sleep(0.02)   # the extra line comes 20 ms after its reply
-    with DishonestUpstream(mode, later=later) as upstream, \
+    every, first, cut_at = MISBEHAVIOURS[mode]
+    with FaultyUpstream(every=every, cut_at=cut_at, later=later) as upstream, \
             FramedProxy(upstream.addr, pool_cap=1, reply_timeout=0.1) as proxy:
+        if first:
+            upstream.fail_next(1, first)
         received = take_turns(proxy.addr)
     own = [[answer(b"GET %s%d" % (name, n)) for n in (1, 2, 3)] for name in (b"a", b"b")]
     for replies, expected in zip(received, own):
@@ -398,7 +405,7 @@ def test_framed_pool_gives_each_client_its_own_reply_or_an_err_line_whatever_the
 
 
 def test_a_reply_past_max_line_is_an_err_line_and_a_dirty_connection():
-    with DishonestUpstream("endless") as upstream, FramedProxy(upstream.addr) as proxy, \
+    with FaultyUpstream(every="endless") as upstream, FramedProxy(upstream.addr) as proxy, \
             contextlib.ExitStack() as stack:
         client = connect(stack, proxy.addr)
         client.send(b"GET alpha\n")
@@ -407,7 +414,7 @@ def test_a_reply_past_max_line_is_an_err_line_and_a_dirty_connection():
 
 
 def test_a_reply_that_answers_another_request_is_an_err_line_never_a_wrong_answer():
-    with DishonestUpstream("extra-later", later=lambda n: None) as upstream, \
+    with FaultyUpstream(every="extra-later") as upstream, \
             FramedProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
         client = connect(stack, proxy.addr)
         # the EXTRA after alpha's reply either waits on the idle connection (quiet() closes it)
@@ -420,7 +427,7 @@ def test_a_reply_that_answers_another_request_is_an_err_line_never_a_wrong_answe
 
 
 def test_an_idle_connection_that_speaks_unasked_is_closed_before_it_is_lent():
-    with DishonestUpstream("extra-later") as upstream, FramedProxy(upstream.addr) as proxy, \
+    with FaultyUpstream(every="extra-later") as upstream, FramedProxy(upstream.addr) as proxy, \
             contextlib.ExitStack() as stack:
         upstream.later = lambda reply_number: proxy.wait_released(reply_number)   # EXTRA only once idle
         client = connect(stack, proxy.addr)
@@ -480,7 +487,7 @@ def test_close_returns_within_2_seconds_while_a_connect_waits_on_a_full_accept_q
 
 
 def test_a_silent_upstream_costs_one_err_line_after_reply_timeout_and_close_is_prompt():
-    with DishonestUpstream("silent") as upstream, \
+    with FaultyUpstream(every="skip") as upstream, \
             FramedProxy(upstream.addr, reply_timeout=0.2) as proxy, contextlib.ExitStack() as stack:
         client = connect(stack, proxy.addr)
         client.send(b"PING\n")

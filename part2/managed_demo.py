@@ -116,7 +116,7 @@ def restart():
 def initial_ping():
     for label, silent in (("an upstream that accepts and never answers", True), ("an upstream that answers", False)):
         clock = VirtualClock()
-        with FaultyUpstream(silent=silent) as upstream:
+        with FaultyUpstream(every="skip" if silent else None) as upstream:
             client = ManagedClient(upstream.addr, initial_ping=True, msg_timeout=1.0, clock=clock)
             print(f"{label}, two calls waiting on the initial ping:")
             calls = [in_background(client.call, b"GET secret\n"), in_background(client.call, b"GET other\n")]

@@ -26,7 +26,7 @@ from conftest import ROOT, need_redis
 from part2.managed_demo import ask, in_background, outcome
 from part3.resp import RESP
 from scaffolding import kit
-from scaffolding.faults import DishonestUpstream, FaultyUpstream
+from scaffolding.faults import FaultyUpstream
 from scaffolding.redis_server import RedisControl, read_resp, redis_and_control
 from tcp_proxy import MAX_LINE, FramedProxy, Hooks, LineFraming, answer, read_lines, shutdown
 
@@ -347,7 +347,7 @@ def test_the_forgetful_knob_really_misdelivers_a_late_reply():
 
 def test_a_failed_initial_ping_fails_every_waiting_call_and_sends_no_user_request():
     clock = VirtualClock()
-    with FaultyUpstream(silent=True) as upstream:
+    with FaultyUpstream(every="skip") as upstream:
         client = ManagedClient(upstream.addr, initial_ping=True, msg_timeout=1.0, clock=clock)
         calls = [in_background(client.call, b"GET secret\n") for _ in range(2)]
         client.wait_calls(2)
@@ -361,7 +361,7 @@ def test_a_failed_initial_ping_fails_every_waiting_call_and_sends_no_user_reques
 
 
 def test_on_the_real_clock_an_unanswered_initial_ping_times_out_before_its_caller_gives_up():
-    with FaultyUpstream(silent=True) as upstream:
+    with FaultyUpstream(every="skip") as upstream:
         cache = ReliabilityCache()
         client = ManagedClient(upstream.addr, rcache=cache, initial_ping=True, msg_timeout=0.05)
         with pytest.raises(MessageTimeout, match="initial ping not answered within 0.05s"):
@@ -413,7 +413,7 @@ def test_idle_timeout_zero_closes_right_after_the_last_reply_and_negative_never_
 
 
 def test_on_the_real_clock_a_message_timeout_and_an_idle_timeout_fire_by_themselves():
-    with FaultyUpstream(silent=True) as silent, FaultyUpstream() as answering:
+    with FaultyUpstream(every="skip") as silent, FaultyUpstream() as answering:
         waiting = ManagedClient(silent.addr, msg_timeout=0.05)
         started = time.monotonic()
         with pytest.raises(MessageTimeout):
@@ -474,7 +474,7 @@ def test_bad_requests_and_settings_are_value_errors():
 
 
 def test_shut_down_fails_a_pending_call_and_joins_every_thread():
-    with FaultyUpstream(silent=True) as upstream:
+    with FaultyUpstream(every="skip") as upstream:
         client = ManagedClient(upstream.addr, idle_timeout=30.0)
         call = in_background(client.call, b"GET a\n")
         upstream.wait_requests(1)
@@ -817,7 +817,7 @@ def test_a_callback_may_call_the_client_it_hears_from_even_on_the_initial_pings_
 
 def test_a_silent_upstream_behind_a_capped_set_never_wedges_it():
     clock = VirtualClock()
-    with FaultyUpstream(silent=True) as upstream:
+    with FaultyUpstream(every="skip") as upstream:
         managed_set = ManagedSet([(upstream.addr, 1)], pending_calls_max=1, msg_timeout=1.0, idle_timeout=5.0,
                                  clock=clock)
         for number, at in enumerate((0.0, 10.0, 100.0, 1000.0), start=1):
@@ -840,7 +840,7 @@ def test_a_silent_upstream_behind_a_capped_set_never_wedges_it():
 def test_abandoned_calls_and_the_transition_log_are_bounded(monkeypatch):
     monkeypatch.setattr(managed, "ABANDONED_MAX", 2, raising=False)
     clock = VirtualClock()
-    with FaultyUpstream(silent=True) as upstream:
+    with FaultyUpstream(every="skip") as upstream:
         client = ManagedClient(upstream.addr, msg_timeout=1.0, clock=clock)
         calls = []
         for number in (1, 2, 3):
@@ -1301,7 +1301,7 @@ def test_the_framings_max_reply_bounds_a_reply_that_has_not_ended():
         upstream.release()
         assert (client.errors, client.state) == (1, "down")
         client.shut_down()
-    with DishonestUpstream("endless") as endless:   # MAX_LINE + 1 bytes and no end: LINES' own bound
+    with FaultyUpstream(every="endless") as endless:   # MAX_LINE + 1 bytes and no end: LINES' own bound
         client = ManagedClient(endless.addr)
         assert outcome(client.call, b"GET a\n") == \
             f"MessageLost: upstream out of step: a reply longer than {MAX_LINE} bytes"

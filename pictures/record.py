@@ -194,7 +194,7 @@ def record_pool(scenario, trial_function, label_of, score=None):
 
     def replying(upstream, conn, data):   # on the upstream's writer thread, before Upstream.reply
         trial["replies"] += 1
-        honest = getattr(r.thread, "honest", None) or data   # a DishonestUpstream's, or the reply itself
+        honest = getattr(r.thread, "honest", None) or data   # a FaultyUpstream's honest reply, or the reply itself
         r.note(honest=None, reply=(trial["replies"], number(conn.getpeername()), data, honest, upstream.split_at or 0))
         if upstream.split_at:
             r.log(Wrote(*r.thread.reply[:2], data[:upstream.split_at], honest[:upstream.split_at], "first"))
@@ -218,7 +218,7 @@ def record_pool(scenario, trial_function, label_of, score=None):
         r.tap(FramedProxy, "checkin", before=lambda proxy, sock, outcome: r.log(Checkin(
             r.thread.exchange, r.thread.client, outcome, number(sock.getsockname()),
             proxy.release_timeout if proxy.release == "timeout" else None)))
-        r.tap(faults.DishonestUpstream, "reply", before=lambda up, conn, data: r.note(honest=data))
+        r.tap(faults.FaultyUpstream, "reply", before=lambda up, conn, data: r.note(honest=data))
         r.tap(Upstream, "reply", before=replying)
         r.tap(Upstream, "__init__", after=lambda _, upstream, *a, **o: setattr(
             upstream, "pause", rest_follows(upstream.pause)))

@@ -22,7 +22,7 @@ TAPPED = [(NaiveProxy, "forward"), (NaiveProxy, "route"), (FramedProxy, "checkou
           (FramedProxy, "read_reply"), (FramedProxy, "checkin"), (Upstream, "reply"), (Upstream, "__init__"),
           (kit.Client, "__init__"), (kit.Client, "send"), (managed.ManagedClient, "__init__"),
           (managed.ManagedSet, "call"), (managed.ManagedSet, "pick"), (managed.ReliabilityCache, "is_enabled"),
-          (faults.FaultyUpstream, "close"), (faults.DishonestUpstream, "reply"), (demo, "release_trial")]
+          (faults.FaultyUpstream, "close"), (faults.FaultyUpstream, "reply"), (demo, "release_trial")]
 
 
 def own_attributes():

@@ -3,15 +3,16 @@ A reader of the lesson need not read this module: each class breaks one promise 
 purpose, so that a scenario can show what the lesson's checks prevent.
 
     TrustingPool       FramedProxy with its out-of-step checks switched off
-    DishonestUpstream  an Upstream that breaks the protocol on every reply (Part one)
-    FaultyUpstream     an Upstream that fails the next n replies, or goes silent, deaf
-                       or away (Part two)
+    FAULTS             the one vocabulary of faults an upstream can commit on a reply
+    FaultyUpstream     an Upstream that commits one of them on every reply (Part one's
+                       scenario 9 and its tests) or on the next n (Part two), holds
+                       replies, or goes deaf or away
 """
 import collections
-import socket
 import threading
 
 from tcp_proxy import LINES, MAX_LINE, FramedProxy, Upstream, shutdown
+
 
 class TrustingPool(FramedProxy):
     """FramedProxy with its out-of-step checks switched off: bytes read past a reply
@@ -35,74 +36,55 @@ class TrustingPool(FramedProxy):
 
 EXTRA = b"EXTRA\n"   # the line nobody asked for
 
+FAULTS = {   # what an upstream does instead of writing a reply honestly
+    "skip": "the reply is never written; the connection carries on",
+    "drop": "the connection is closed instead of the reply",
+    "cut": "the reply's first bytes (cut_at, else half), then the connection is closed",
+    "hang-up": "the whole reply, then the connection is closed",
+    "extra": "the reply and EXTRA, a line nobody asked for, in one write",
+    "extra-later": "the reply; then later(k) is called; then EXTRA, in a write of its own",
+    "endless": "instead of the reply, MAX_LINE + 1 bytes with no b'\\n'",
+}
 
-class DishonestUpstream(Upstream):
-    """An upstream that breaks the protocol in one way, its `mode`:
-      extra        every reply followed by EXTRA, in the same write
-      extra-later  every reply, then later(k) is called, then EXTRA in a write of its own
-      drop-first   the first reply is never written; the rest are
-      endless      every reply replaced by MAX_LINE + 1 bytes with no b"\\n"
-      hang-up      the connection closed after each reply
-      mid-reply    the first 6 bytes of a reply, then the connection closed
-      silent       nothing is ever written
-    """
-    MODES = ("extra", "extra-later", "drop-first", "endless", "hang-up", "mid-reply", "silent")
-    counters = {**Upstream.counters, "extras": 0}
-    # extras  lines nobody asked for, written in full; bumped after their sendall()
 
-    def __init__(self, mode, later=lambda reply_number: None, **options):
-        if mode not in self.MODES:
-            raise ValueError(f"mode is one of {self.MODES}, not {mode!r}")
-        super().__init__(**options)
-        self.mode, self.later = mode, later
-        self._written = 0   # replies this upstream has been asked to write
-
-    def reply(self, conn, data):
-        self._written += 1
-        if self.mode == "silent" or (self.mode == "drop-first" and self._written == 1):
-            return
-        if self.mode == "mid-reply":
-            conn.sendall(data[:6])
-            conn.shutdown(socket.SHUT_RDWR)
-            return
-        if self.mode == "endless":
-            data = b"x" * (MAX_LINE + 1)
-        super().reply(conn, data + EXTRA if self.mode == "extra" else data)
-        if self.mode == "extra-later":
-            self.later(self._written)
-            conn.sendall(EXTRA)
-        if self.mode.startswith("extra"):
-            self.count("extras")
-        if self.mode == "hang-up":
-            conn.shutdown(socket.SHUT_RDWR)
+def check_fault(fault):
+    if fault not in FAULTS:
+        raise ValueError(f"a fault is one of {tuple(FAULTS)}, not {fault!r}")
+    return fault
 
 
 class FaultyUpstream(Upstream):
-    """An Upstream that can misbehave; used only by the scenarios below and the tests.
+    """An Upstream that misbehaves on demand, in the vocabulary of FAULTS.
 
-      close(), then restart()   stop, then listen again on the same port
-      fail_next(n, how)         the next n replies: "drop" closes the connection
-                                instead; "cut" sends half the reply, then closes;
-                                "skip" never sends it and carries on; "extra"
-                                sends it, then the same line again, unasked
-      silent=True               accept and read, never answer
-      hold={1, 2}               hold replies 1 and 2 (counted from 1) until release()
-      on_connect="close"        close every connection as soon as it is accepted
-      on_connect="deaf"         accept, never read a byte, keep it open until close()
+      every=FAULT            commit FAULT on every reply
+      fail_next(n, FAULT)    commit FAULT on the next n replies (before `every` applies)
+      cut_at=K               how many bytes "cut" writes (default: half the reply)
+      later(k)               called between reply k and its EXTRA, for "extra-later"
+      hold={1, 2}            hold replies 1 and 2 (counted from 1) until release()
+      on_connect="close"     close every connection as soon as it is accepted
+      on_connect="deaf"      accept, never read a byte, keep it open until close()
+      close(), then restart()  stop, then listen again on the same port
     """
-    counters = {**Upstream.counters, "faults": 0, "held": 0}
-    # faults  replies dropped, cut, skipped or doubled; bumped by reply()
+    counters = {**Upstream.counters, "faults": 0, "extras": 0, "held": 0}
+    # faults  replies the upstream misbehaved on; bumped by reply() before it misbehaves
+    # extras  lines nobody asked for, written in full; bumped after their sendall()
     # held    replies stopped by `hold`; bumped as one starts waiting for release()
 
-    FAULTS = ("drop", "cut", "skip", "extra")
-
-    def __init__(self, silent=False, hold=(), on_connect="serve", **upstream_options):
+    def __init__(self, every=None, hold=(), on_connect="serve", cut_at=None,
+                 later=lambda reply_number: None, **upstream_options):
+        if every is not None:
+            check_fault(every)
         if on_connect not in ("serve", "close", "deaf"):
             raise ValueError(f"on_connect is 'serve', 'close' or 'deaf', not {on_connect!r}")
         super().__init__(pause=self._hold, **upstream_options)
-        self.silent, self.hold, self.on_connect = silent, set(hold), on_connect
-        self.faults_due = collections.deque()
+        self.every = every
+        self.hold = set(hold)
+        self.on_connect = on_connect
+        self.cut_at = cut_at
+        self.later = later
+        self.faults_due = collections.deque()   # faults for the next replies, oldest first
         self._released = threading.Event()
+        self._reply_count = 0   # replies this upstream has been asked to write
 
     def _hold(self, number):
         if number in self.hold:
@@ -127,32 +109,38 @@ class FaultyUpstream(Upstream):
         super().handle(conn)
 
     def fail_next(self, n=1, how="drop"):
-        if how not in self.FAULTS:
-            raise ValueError(f"how is one of {self.FAULTS}, not {how!r}")
-        self.faults_due.extend([how] * n)
+        self.faults_due.extend([check_fault(how)] * n)
 
     def reply(self, conn, data):
-        if self.silent:
+        self._reply_count += 1
+        fault = self.faults_due.popleft() if self.faults_due else self.every
+        if fault is None:
+            super().reply(conn, data)
             return
-        if self.faults_due:
-            how = self.faults_due.popleft()
-            self.count("faults")
-            if how == "skip":
-                return
-            if how == "extra":
-                super().reply(conn, data)
-                conn.sendall(data)   # a line nobody asked for
-                return
-            if how == "cut":
-                conn.sendall(data[:len(data) // 2])
+        self.count("faults")
+        if fault == "skip":
+            return
+        if fault == "endless":
+            super().reply(conn, b"x" * (MAX_LINE + 1))
+            return
+        if fault in ("drop", "cut"):
+            conn.sendall(data[:self.cut_at or len(data) // 2] if fault == "cut" else b"")
             shutdown(conn)   # the reading thread sees EOF; the rest of the queue goes nowhere
-            raise ConnectionAbortedError(f"fault injected: {how}")
-        super().reply(conn, data)
+            return
+        super().reply(conn, data + EXTRA if fault == "extra" else data)
+        if fault == "extra-later":
+            self.later(self._reply_count)
+            conn.sendall(EXTRA)
+        if fault.startswith("extra"):
+            self.count("extras")
+        if fault == "hang-up":
+            shutdown(conn)
 
     def restart(self):
         """Listen again on the port close() released (create_server sets SO_REUSEADDR)."""
         with self._lock:
             if not self.closed:
                 raise RuntimeError("restart() follows close()")
-            self._sockets, self.closed = set(), False
+            self._sockets = set()
+            self.closed = False
         self.listen(self.addr)
