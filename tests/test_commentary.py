@@ -137,13 +137,9 @@ def test_check_yourself_holds_6_to_10_questions_each_with_its_answer_folded_unde
         assert summary and summary.group(1).strip() and summary.group(2).strip(), question[:80]
 
 
-SHOWN_ELSEWHERE = {"part3-wild.svg"}   # in part3/WILD.md (part3/test_wild.py checks) until the commentary has a section on it
-
-
 def test_every_picture_is_shown_with_a_one_line_caption_under_it():
     source = text()
-    drawn = sorted(path.name for path in (HERE / "pictures").glob("*.svg")
-                   if path.name not in SHOWN_ELSEWHERE)
+    drawn = sorted(path.name for path in (HERE / "pictures").glob("*.svg"))
     shown = re.findall(r"^!\[[^\]]+\]\(pictures/([\w-]+\.svg)\)\n\*[^*\n]+\*$", source, re.M)
     assert drawn and sorted(shown) == drawn
 
