@@ -5,7 +5,6 @@ redis-server; without them it skips, except under CI=true, where it fails. The r
 own tests need only redis-server, and raw sockets.
 """
 import os
-import re
 import select
 import socket
 import subprocess
@@ -143,9 +142,3 @@ def test_part3_wild_svg_is_what_the_4_5_1_and_4_5_5_runs_draw_now_byte_for_byte(
     drawn = draw_wild.draw({version: draw_wild.record(version) for version in draw_wild.SHOWN}).render()
     assert (ROOT / "pictures" / draw_wild.NAME).read_text(encoding="utf-8") == drawn, \
         "pictures/part3-wild.svg is stale: run `python3 -m pictures.draw_wild` and look at it"
-
-
-def test_wild_md_shows_part3_wild_svg_with_a_one_line_caption_under_it():
-    source = (ROOT / "part3" / "WILD.md").read_text(encoding="utf-8")
-    shown = re.findall(r"^!\[[^\]]+\]\(\.\./pictures/([\w-]+\.svg)\)\n\*[^*\n]+\*$", source, re.M)
-    assert shown == [draw_wild.NAME]

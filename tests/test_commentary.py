@@ -137,13 +137,9 @@ def test_check_yourself_holds_6_to_10_questions_each_with_its_answer_folded_unde
         assert summary and summary.group(1).strip() and summary.group(2).strip(), question[:80]
 
 
-SHOWN_ELSEWHERE = {"part3-wild.svg"}   # in part3/WILD.md (part3/test_wild.py checks) until the commentary has a section on it
-
-
 def test_every_picture_is_shown_with_a_one_line_caption_under_it():
     source = text()
-    drawn = sorted(path.name for path in (HERE / "pictures").glob("*.svg")
-                   if path.name not in SHOWN_ELSEWHERE)
+    drawn = sorted(path.name for path in (HERE / "pictures").glob("*.svg"))
     shown = re.findall(r"^!\[[^\]]+\]\(pictures/([\w-]+\.svg)\)\n\*[^*\n]+\*$", source, re.M)
     assert drawn and sorted(shown) == drawn
 
@@ -370,6 +366,32 @@ def test_code_in_part_one_that_carries_a_figure_is_a_command_or_quoted_from_a_mo
 def test_every_figure_computed_here_is_stated_in_the_commentary():
     source = flat(text())
     assert [phrase for phrase in figures() if flat(phrase) not in source] == []
+
+
+def part_two_defaults():
+    """The rows of Part two's defaults table (section 15), built from the defaults that
+    ManagedProxy's parts declare: ManagedClient's, ManagedSet's and the cache's."""
+    from part2 import managed
+    client = inspect.signature(managed.ManagedClient).parameters
+    managed_set = inspect.signature(managed.ManagedSet).parameters
+    cache = managed.DEFAULTS
+    no_limit = "no limit" if managed_set["pending_calls_max"].default is None else managed_set["pending_calls_max"].default
+    ping = {False: "off", True: "on"}[client["initial_ping"].default]
+    assert client["msg_timeout"].default == client["idle_timeout"].default
+    return [
+        f"| `msg_timeout`, `idle_timeout` | {client['msg_timeout'].default:g} |",
+        f"| `initial_ping` | {ping} |",
+        f"| `pending_calls_max` / `pending_calls_norm` | {no_limit} / {managed_set['pending_calls_norm'].default} |",
+        f"| `idempotent_max` / `idempotent_wait` | {managed_set['idempotent_max'].default} / "
+        f"{managed_set['idempotent_wait'].default:g} s (Ocamlnet: 5 s) |",
+        f"threshold {cache['threshold']}, windows of {cache['disable_timeout_min']:g} s doubling to "
+        f"{cache['disable_timeout_max']:g} s",
+    ]
+
+
+def test_part_two_defaults_table_states_the_defaults_managed_py_declares():
+    defaults = flat(section(r"what you get by default"))
+    assert [row for row in part_two_defaults() if flat(row) not in defaults] == []
 
 
 def test_the_line_count_stated_is_the_one_linecount_computes():
