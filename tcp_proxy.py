@@ -526,7 +526,7 @@ class FramedProxy(Server):
         """After a reply: raise OutOfStep if it cannot answer request; return False if
         bytes came after it (the reply stands, the connection is closed), else True."""
         if self.release == "framed" and not self.framing.fits(request, reply):
-            raise OutOfStep(f"out of step: {reply[:40]!r} does not answer {request[:40]!r}")
+            raise OutOfStep(f"out of step: a reply of {len(reply)} bytes does not answer {request[:40]!r}")
         return self.release == "timeout" or not rest
 
     def quiet(self, sock):
