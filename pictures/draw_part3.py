@@ -31,7 +31,6 @@ lends it to one borrower at a time, so the order of the logged reads is the orde
 the borrowers held it; Redis answers one connection's commands in order, so the
 n-th reply on a connection answers the n-th request sent on it.
 """
-import socket
 
 from scaffolding import kit, redis_server
 from pictures import draw as pictures
@@ -257,7 +256,7 @@ def record_tagged():
       scenario (name,)           a scenario begins
       connected ()               a TaggedClient opened its one connection
       sent (caller, data)        a TaggedClient is about to write a request: `<id> <line>`,
-                                 logged before sendall(), so before the upstream can answer it
+                                 logged before _send() writes it, so before the upstream can answer it
       timeout (caller,)          the caller's call gave up (CallTimeout)
       got (line,)                the client's reader took a reply line off the connection
       dropped ()                 ... and dropped the line it just took: its id belongs to a
@@ -271,7 +270,7 @@ def record_tagged():
     """
     recorder = Recorder()
     callers = {"named": 0, "scenario": 0}   # callers named so far in this scenario; which scenario
-    client_sockets = []   # the TaggedClients' sockets: only their sendall() is a request
+    client_sockets = []   # the TaggedClients' sockets: only their lines are replies to a TaggedClient
 
     def scenario(name, function):
         def run():
@@ -310,12 +309,11 @@ def record_tagged():
             return reply
         return call
 
-    def wrap_sendall(original):
-        def sendall(sock, data, *args):
-            if any(sock is known for known in client_sockets):
-                recorder.log("sent", caller_name(), bytes(data))
-            return original(sock, data, *args)
-        return sendall
+    def wrap_send(original):
+        def _send(client, request, *args):
+            recorder.log("sent", caller_name(), bytes(request))
+            return original(client, request, *args)
+        return _send
 
     def wrap_client_count(original):
         def count(client, name, amount=1):
@@ -357,7 +355,7 @@ def record_tagged():
         recorder.wrap(tagged.TaggedClient, "__init__", wrap_client_init)
         recorder.wrap(tagged.TaggedClient, "call", wrap_call)
         recorder.wrap(tagged.TaggedClient, "count", wrap_client_count)
-        recorder.wrap(socket.socket, "sendall", wrap_sendall)
+        recorder.wrap(tagged.TaggedClient, "_send", wrap_send)
         recorder.wrap(tagged, "read_lines", wrap_read_lines)
         recorder.wrap(tagged.TaggedUpstream, "count", wrap_upstream_count)
         recorder.wrap(tagged, "key_of", wrap_key_of)
