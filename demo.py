@@ -375,10 +375,14 @@ def dishonest_verdict(rows, expected, lie=b"EXTRA\n"):
                  + ("each lie adds one" if shifts == list(range(asked)) else "the shift varies"))
     else:
         trust = f"the pool that trusts hands out {asked - trusting_right} of {asked} wrong"
-    _, checked_right, dirty = rows["FramedProxy"]
+    checked, checked_right, dirty = rows["FramedProxy"]
+    errors = sum(line.startswith(b"ERR ") for name in "AB" for line in checked[name])
     closes = "closes the connection it was read on" if dirty else "closes no connection"
-    wrong = "nothing wrong" if checked_right == asked else f"{asked - checked_right} of {asked} wrong"
-    return f"  verdict: {trust}; the pool that checks {closes} and hands out {wrong}"
+    wrong = asked - checked_right - errors   # an ERR line is no answer, but no one else's either
+    handed = "nothing wrong" if not wrong else f"{wrong} of {asked} wrong"
+    if errors:
+        handed += f" ({errors} of {asked} answered with an error)"
+    return f"  verdict: {trust}; the pool that checks {closes} and hands out {handed}"
 
 
 SCENARIOS = [

@@ -45,6 +45,7 @@ CONNECT_TIMEOUT = 1.5    # seconds a connect to an upstream may take (close() wa
 ACCEPT_BACKOFF = 0.05    # seconds an accept loop rests after accept() fails (out of descriptors)
 LISTEN_BACKLOG = 65535   # connects the kernel queues before accept(); it caps this at its own limit
 REAP_EVERY = 1024        # threads started between two sweeps of finished ones from close()'s list
+LOG_LINE_MAX = 200       # bytes of each line a request log keeps: 1000 lines hold at most 200 kB
 
 
 # --- the line protocol ------------------------------------------------------
@@ -103,6 +104,18 @@ def shutdown(sock, how=socket.SHUT_RDWR):
         sock.shutdown(how)
 
 
+def host_and_port(addr):
+    """(host, port) of an address as getsockname() gives it: IPv4's 2-tuple or IPv6's 4-tuple."""
+    if not isinstance(addr, (tuple, list)) or len(addr) not in (2, 4):
+        raise ValueError(f"an address is (host, port) or (host, port, flowinfo, scope_id), not {addr!r}")
+    return tuple(addr[:2])
+
+
+def loggable(line):
+    """A log's copy of a line: its first LOG_LINE_MAX bytes, as text."""
+    return line[:LOG_LINE_MAX].decode("utf-8", "replace")
+
+
 # --- scaffolding: hooks and the server lifecycle ----------------------------
 
 class Hooks:
@@ -143,7 +156,7 @@ class Hooks:
 
 
 class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with`'s __enter__
-    """Listen on 127.0.0.1, port 0; run handle(conn) in a thread per connection.
+    """Listen on 127.0.0.1 (or listen_addr), port 0; run handle(conn) in a thread per connection.
 
     close() (or leaving a `with` block) shuts every socket down, which wakes any
     thread blocked in recv(), joins every thread, then closes every socket.
@@ -153,10 +166,13 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
       serve_connection(conn)    runs on the connection's own thread, around handle(); a mixin
                                 that must prepare the thread first overrides it and calls super()
       close()                   extend it to release what the subclass holds, then call super()
+      spawn(target, *args)      start a thread close() will join; a test may make it fail as a
+                                system out of threads does (RuntimeError): the accept loop goes on
     """
     counters = {"connections": 0, "opened": 0}
     # connections  accepted on .addr; bumped by the accept loop
     # opened       opened by this object to its upstream; bumped by connect()
+    listen_addr = None   # where __init__ listens; None is 127.0.0.1, port 0; a subclass may say ("::1", 0)
 
     def __init__(self):
         super().__init__()
@@ -166,11 +182,12 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
         self._threads = []
         self._sockets = set()
         self.closed = False
-        self.listen(("127.0.0.1", 0))
+        self.listen(self.listen_addr or ("127.0.0.1", 0))
 
     def listen(self, addr):
         """Listen on addr (port 0: a free port, then in .addr) and start accepting."""
-        self._listener = socket.create_server(addr, backlog=LISTEN_BACKLOG)
+        family = socket.getaddrinfo(*host_and_port(addr), type=socket.SOCK_STREAM)[0][0]   # "::1": IPv6
+        self._listener = socket.create_server(addr, family=family, backlog=LISTEN_BACKLOG)
         self.addr = self._listener.getsockname()
         self.spawn(self._accept_loop)
 
@@ -184,9 +201,13 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
             except OSError:   # close() woke it (then stop), or EMFILE, ENFILE, an aborted connect:
                 time.sleep(0 if self.closed else ACCEPT_BACKOFF)   # rest a moment, go on
                 continue
-            self.track(conn)   # after close(), track() shuts it down at once
-            self.count("connections")
-            self.spawn(self.serve_connection, conn)
+            try:   # no error ends the loop: a thread that cannot start costs this one connection
+                self.track(conn)   # after close(), track() shuts it down at once
+                self.count("connections")
+                self.spawn(self.serve_connection, conn)
+            except Exception:   # RuntimeError: can't start new thread; threads free up as clients leave
+                self.forget(conn)
+                time.sleep(ACCEPT_BACKOFF)
 
     def serve_connection(self, conn):
         """handle(conn) on the connection's thread; the connection is closed after, whatever happened."""
@@ -207,8 +228,8 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
             # has begun: it scans the list, and would miss a thread added to a new one
             if len(self._threads) % REAP_EVERY == 0 and not self.closed:
                 self._threads = [t for t in self._threads if t.is_alive()]
+            thread.start()   # first: a thread that failed to start is not one to join
             self._threads.append(thread)
-            thread.start()
         return thread
 
     def track(self, sock):
@@ -234,7 +255,7 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
     def connect(self, addr, read_timeout=None):
         """Open a tracked connection to addr (the upstream) within CONNECT_TIMEOUT;
         its reads then wait at most read_timeout seconds (None: as long as it takes)."""
-        sock = self.track(socket.create_connection(addr, timeout=CONNECT_TIMEOUT))
+        sock = self.track(socket.create_connection(host_and_port(addr), timeout=CONNECT_TIMEOUT))
         sock.settimeout(read_timeout)
         self.count("opened")
         return sock
@@ -286,7 +307,7 @@ class Upstream(Server):
         self.split_at = split_at
         self.pause = pause or (lambda number: None)
         self._reply_numbers = itertools.count(1)   # numbers replies for pause()
-        self.parsed = collections.deque(maxlen=1000)   # the latest request lines, in arrival order
+        self.parsed = collections.deque(maxlen=1000)   # the latest request lines, loggable(), in order
 
     def handle(self, conn):
         """Read and parse on this thread; a writer thread sends the replies in order,
@@ -296,7 +317,7 @@ class Upstream(Server):
         writer = self.spawn(self._write_replies, conn, replies)
         try:
             for line in read_lines(conn, lambda n: self.count("bytes_in", n)):
-                self.parsed.append(line.decode("utf-8", "replace"))
+                self.parsed.append(loggable(line))
                 self.count("requests")
                 replies.put(answer(line))
         finally:
@@ -351,9 +372,10 @@ class NaiveProxy(Relay):
         self.routing = routing
         self.clients = []   # connected clients, in arrival order
         self.last = None    # the client whose bytes went up most recently
+        self._sending = threading.Lock()   # held by forward() across its write to the upstream
         try:
             self.upstream = self.connect(upstream_addr)
-        except OSError:   # a proxy that cannot reach its upstream leaves nothing open
+        except BaseException:   # a proxy that cannot reach its upstream leaves nothing open
             self.close()
             raise
         self.spawn(self._downstream)
@@ -366,8 +388,9 @@ class NaiveProxy(Relay):
             self.clients.remove(client)
 
     def forward(self, client, data):
-        with self._lock:   # one chunk goes up whole, and `last` names its sender
-            self.last = client   # looks like the decision; scenario 3 shows it is not the fix
+        with self._sending:   # one chunk goes up whole, and `last` names its sender
+            with self._lock:   # held for the name only: route() needs it while the write waits
+                self.last = client   # looks like the decision; scenario 3 shows it is not the fix
             self.upstream.sendall(data)
 
     def _downstream(self):
@@ -399,10 +422,20 @@ class LineFraming:
         return None if end < 0 else end + 1
 
     def fits(self, request, reply):
-        """GET k is answered k=..., PING is answered PONG, and anything may be answered ERR."""
-        command, _, key = request.rstrip(b"\r\n").partition(b" ")
-        expected = {b"GET": key + b"=", b"PING": b"PONG\n"}.get(command, b"ERR ")
-        return reply.startswith((b"ERR ", expected))
+        """Whether reply has the whole shape of request's reply. GET k: k, "=", a value of 12
+        copies of one byte, b"\n" (a key may hold "=": the value's length still pins it);
+        anything else: exactly answer()'s PONG, or its ERR, which quotes this request.
+        So a reply another request's answer could pass for is the same bytes as ours.
+        A line past MAX_LINE may instead get the upstream's overlong ERR (see read_lines)."""
+        line = request.removesuffix(b"\n")
+        if len(line) > MAX_LINE and reply == b"ERR line longer than %d bytes\n" % MAX_LINE:
+            return True
+        expected = answer(line)
+        if expected.startswith((b"ERR ", b"PONG\n")):   # no value in it: the request says every byte
+            return reply == expected
+        head = expected[:-13]   # b"k=": the key and the separator, before the value and b"\n"
+        value = reply[len(head):-1]   # 12 copies of one byte, if the reply is a value at all
+        return reply.startswith(head) and reply.endswith(b"\n") and len(value) == 12 == value.count(value[:1])
 
     def reply_parser(self):
         """What reads one reply as it grows (a line is bounded: a fresh search costs little)."""
@@ -468,6 +501,7 @@ class FramedProxy(Server):
                  framing=LINES, reply_timeout=5.0, exchange_timeout=10.0, checkout_timeout=5.0):
         if release not in ("framed", "timeout"):
             raise ValueError(f"release is 'framed' or 'timeout', not {release!r}")
+        host_and_port(upstream_addr)   # a bad address is refused before anything starts
         super().__init__()
         self.upstream_addr = upstream_addr
         self.pool_cap = pool_cap
@@ -482,12 +516,19 @@ class FramedProxy(Server):
         self._pool = self._lock   # notified by checkin(), and by close() to end all waits
 
     def handle(self, client):
+        requests = self.requests(client)
+        while (request := self.next_request(client, requests)) is not None:
+            refusal = self.framing.refusal(request)   # refused before any borrow: never sent up
+            client.sendall(self.framing.error(f"tcp-proxy: {refusal}") if refusal else self.exchange(request))
+
+    def next_request(self, client, requests):
+        """The client's next whole request; None at EOF, or after one the framing cannot read
+        (the client is told why: nothing after it can be framed)."""
         try:
-            for request in self.requests(client):
-                refusal = self.framing.refusal(request)   # refused before any borrow: never sent up
-                client.sendall(self.framing.error(f"tcp-proxy: {refusal}") if refusal else self.exchange(request))
-        except ValueError as error:   # a malformed request: nothing after it can be framed
+            return next(requests, None)
+        except ValueError as error:   # only the framing's: an exchange's errors are not caught here
             client.sendall(self.framing.error(str(error)))
+            return None
 
     def requests(self, client):
         """Yield each whole request the client sends, in order, however its writes cut or
@@ -534,7 +575,7 @@ class FramedProxy(Server):
             self.open += 1
         try:
             return self.connect(self.upstream_addr, self.reply_timeout)
-        except OSError:
+        except BaseException:   # whatever the error (OSError, a bad address's ValueError)
             self.checkin(None, "discarded")   # the slot we reserved is free again
             raise
 
@@ -600,7 +641,7 @@ class FramedProxy(Server):
         """After a reply: raise OutOfStep if it cannot answer request; return False if
         bytes came after it (the reply stands, the connection is closed), else True."""
         if self.release == "framed" and not self.framing.fits(request, reply):
-            raise OutOfStep(f"out of step: {reply[:40]!r} does not answer {request[:40]!r}")
+            raise OutOfStep(f"out of step: a reply of {len(reply)} bytes does not answer {request[:40]!r}")
         return self.release == "timeout" or not rest
 
     def quiet(self, sock):
@@ -628,6 +669,7 @@ class PassthroughProxy(Relay):
     # eofs       EOFs seen on either side; bumped after they are passed on
 
     def __init__(self, upstream_addr, half_close=True):
+        host_and_port(upstream_addr)   # a bad address is refused before anything starts
         super().__init__()
         self.upstream_addr = upstream_addr
         self.half_close = half_close

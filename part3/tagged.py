@@ -28,22 +28,31 @@ The order a call takes through TaggedClient:
 
 What is out of step (the connection is destroyed, every owed call fails):
 a reply whose id no call is owed (unknown, or answered already: a duplicate),
-a line that is not `<id> <reply>`, a line longer than MAX_LINE. A reply whose
-id belongs to a call that timed out is simply dropped: ids are never reused on
-a connection, so no later call can take it for its own.
+a line that is not `<id> <reply>`, a line longer than MAX_LINE, a request the
+call's deadline cut off mid-write. A reply whose id belongs to a call that timed
+out is simply dropped: ids are never reused on a connection, so no later call can
+take it for its own. Such replies are owed for a bounded time and count: one still
+missing overdue_timeout after its call gave up, or more than ABANDONED_MAX of them,
+ends the connection (the upstream has lost replies), as in Part two.
 """
 import collections
 import contextlib
 import itertools
+import math
 import re
+import select
 import socket
 import threading
 import time
 
-from tcp_proxy import Hooks, LineTooLong, Server, answer, read_lines, shutdown
+from tcp_proxy import Hooks, LineTooLong, Server, answer, host_and_port, loggable, read_lines, shutdown
 
 MAX_OWED = 1024        # calls owed on one connection (waiting or timed out, not yet answered)
 MAX_IN_FLIGHT = 256    # requests one upstream connection answers at once; past it, it stops reading
+MAX_ANSWERING = 1024   # request threads one TaggedUpstream runs at once over all its connections;
+                       # past it, every connection's reader waits for one to end
+ABANDONED_MAX = 64     # timed-out calls whose replies one connection may owe; one more ends it
+OVERDUE_TIMEOUT = 5.0  # seconds a timed-out call's reply may still take before the connection ends
 
 ID = re.compile(rb"(0|[1-9][0-9]{0,17}) (.*)", re.DOTALL)   # at most 18 digits: a plain int
 
@@ -76,33 +85,43 @@ class TaggedUpstream(Server):
     tagged=False           the untagged twin: plain lines, each reply still computed on
                            its own thread after its delay, but written in arrival order,
                            as a pipelined protocol without ids must
+    answering_max=N        request threads at once over all connections (MAX_ANSWERING)
     """
     counters = {**Server.counters, "requests": 0, "ready": 0, "replies": 0}
     # requests  request lines parsed (id included); bumped by the reader after `parsed` has it
     # ready     replies whose delay and pause are over; bumped on the request's thread
     # replies   reply lines written whole; bumped after sendall(), once `written` has it
 
-    def __init__(self, delays=None, pause=None, tagged=True):
+    def __init__(self, delays=None, pause=None, tagged=True, answering_max=MAX_ANSWERING):
         super().__init__()
         self.delays, self.tagged = dict(delays or {}), tagged
         self.pause = pause or (lambda key: None)
-        self.parsed = collections.deque(maxlen=1000)    # the latest request lines, in arrival order
-        self.written = collections.deque(maxlen=1000)   # the latest reply lines, in the order written
+        self.parsed = collections.deque(maxlen=1000)    # the latest request lines, loggable(), in order
+        self.written = collections.deque(maxlen=1000)   # the latest reply lines, loggable(), as written
+        # held by every request thread, over all connections; a reader waits for one to be free
+        self._answering = threading.BoundedSemaphore(answering_max)
 
     def handle(self, conn):
         """Read requests; give each its own thread. A connection with MAX_IN_FLIGHT
-        requests unanswered is not read until one is answered (the bound)."""
+        requests unanswered is not read until one is answered (the bound), and no
+        connection is read while answering_max threads answer (the bound over all)."""
         in_flight = threading.BoundedSemaphore(MAX_IN_FLIGHT)
         order = Turns()      # tagged=False: replies leave in the order of arrival
         write_lock = threading.Lock()   # one reply's bytes go out whole
         answering = []       # this connection's request threads, joined before it closes
         try:
             for number, line in enumerate(read_lines(conn)):
-                self.parsed.append(line.decode("utf-8", "replace"))
+                self.parsed.append(loggable(line))
                 self.count("requests")
                 in_flight.acquire()   # the bound; every holder ends (close() cuts delays short)
-                answering.append(self.spawn(self._answer, conn, line, number, order, write_lock,
-                                            in_flight))
+                self._answering.acquire()   # the bound over all connections; every holder ends too
+                try:
+                    answering.append(self.spawn(self._answer, conn, line, number, order, write_lock,
+                                                in_flight))
+                except RuntimeError:   # no thread to be had: the slots it was to hold are free again
+                    in_flight.release()
+                    self._answering.release()
+                    raise
         finally:
             for thread in answering:   # at EOF the replies still owed are written, then the socket closes
                 thread.join()
@@ -129,11 +148,12 @@ class TaggedUpstream(Server):
                 order.wait_turn(number)   # the load-bearing wait of in-order pipelining
             with write_lock, contextlib.suppress(OSError):   # a client that has gone reads nothing
                 conn.sendall(reply)
-                self.written.append(reply.decode("utf-8", "replace").rstrip("\n"))
+                self.written.append(loggable(reply).rstrip("\n"))
                 self.count("replies")
         finally:
             order.done(number)   # even a failed reply ends its turn, so none after it waits for ever
             in_flight.release()
+            self._answering.release()
 
     def _delay(self, seconds):
         """Wait `seconds` of real time, or less if close() comes first."""
@@ -194,11 +214,15 @@ class TaggedClient(Hooks):
     call(line) may run in many threads at once; each gets the reply that carries
     its own id, whatever order the replies arrive in. msg_timeout < 0 waits for ever;
     otherwise a call gives up after msg_timeout seconds with CallTimeout, and the
-    connection goes on. A reply out of step breaks the connection: every owed call
-    fails with ConnectionBroken, and so does every later call. close() ends it.
+    connection goes on. The deadline covers the whole call: the wait for a turn to
+    write, the write (a request cut off mid-write breaks the connection: it is out of
+    step) and the reply. A reply out of step breaks the connection: every owed call
+    fails with ConnectionBroken, and so does every later call. So do too many
+    timed-out calls' replies owed (ABANDONED_MAX), or one overdue_timeout late.
+    close() ends it.
     """
     counters = {"sent": 0, "replies": 0, "timeouts": 0, "dropped": 0, "broken": 0}
-    # sent      requests written; bumped by call() after sendall()
+    # sent      requests written whole; bumped by _send()
     # replies   replies handed to their calls; bumped by the reader thread
     # timeouts  calls that gave up; bumped by call() as it leaves the reply to be dropped
     # dropped   late replies of timed-out calls thrown away; bumped by the reader thread
@@ -206,14 +230,15 @@ class TaggedClient(Hooks):
     on_event = None   # callback(client, event): ("sent", request with its id) just before it is written,
                       # ("got", line) for each reply line the reader takes; pictures/ draws through it
 
-    def __init__(self, addr, msg_timeout=-1):
+    def __init__(self, addr, msg_timeout=-1, overdue_timeout=OVERDUE_TIMEOUT):
         super().__init__()
         self.msg_timeout = msg_timeout
-        self.sock = socket.create_connection(addr, timeout=Hooks.hook_timeout)
+        self.overdue_timeout = overdue_timeout
+        self.sock = socket.create_connection(host_and_port(addr), timeout=Hooks.hook_timeout)
         self.sock.settimeout(None)   # from here on the reader waits as long as calls are owed
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.owed = {}           # id -> Call: sent (or being sent), reply not yet in
-        self.abandoned = set()   # ids of timed-out calls whose reply is still to come
+        self.abandoned = {}      # id -> when its reply is overdue (time.monotonic()), for timed-out calls
         self.failure = None      # why the connection ended; set once, by _break()
         self._ids = itertools.count(1)   # never reused: a late reply can match no other call
         self._lock = threading.Condition()   # guards the above; notified when a call settles
@@ -232,6 +257,7 @@ class TaggedClient(Hooks):
         deadline = None if msg_timeout < 0 else time.monotonic() + msg_timeout   # from the call's start
         call = Call()
         with self._lock:
+            self._end_if_overdue()
             if self.failure:
                 raise ConnectionBroken(self.failure)
             if len(self.owed) + len(self.abandoned) >= MAX_OWED:
@@ -239,26 +265,71 @@ class TaggedClient(Hooks):
             request_id = next(self._ids)
             self.owed[request_id] = call   # registered before it is sent: the reply may be quick
         try:
-            with self._send_lock:
-                self._tell("sent", b"%d %s" % (request_id, line))
-                self.sock.sendall(b"%d %s" % (request_id, line))
-            self.count("sent")
+            self._send(b"%d %s" % (request_id, line), deadline)
         except OSError as error:   # this call is owed, so _break() fails it too
             self._break(f"sending failed: {error}")
         with self._lock:
             while not call.settled:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    del self.owed[request_id]
-                    self.abandoned.add(request_id)   # its reply, when it comes, is dropped by id
+                overdue_at = self._end_if_overdue()   # if it ends the connection, this call fails too
+                if call.settled:
                     break
-                self._lock.wait(remaining)
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    self._abandon(request_id)
+                    break
+                wakes = [moment - now for moment in (deadline, overdue_at) if moment is not None]
+                self._lock.wait(max(min(wakes), 0) if wakes else None)
         if not call.settled:
             self.count("timeouts")
             raise CallTimeout(f"no reply within {msg_timeout:g} s")
         if call.error:
             raise ConnectionBroken(call.error)
         return call.reply
+
+    def _send(self, request, deadline):
+        """Write the request whole before the deadline (None: however long it takes), one
+        writer at a time. If the deadline comes before anything is written, the call just
+        times out; once part of it is on the wire, it raises TimeoutError: out of step."""
+        wait = -1 if deadline is None else max(deadline - time.monotonic(), 0)
+        if not self._send_lock.acquire(timeout=wait):
+            return
+        try:
+            self._tell("sent", request)   # with its id, before a byte of it is written
+            unsent = memoryview(request)
+            writable = select.poll()   # not select(): that fails on descriptors above 1023
+            writable.register(self.sock, select.POLLOUT)
+            while True:
+                with contextlib.suppress(BlockingIOError):   # the upstream's buffers are full
+                    unsent = unsent[self.sock.send(unsent, socket.MSG_DONTWAIT):]
+                if not unsent:
+                    break
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0 and len(unsent) == len(request):
+                    return   # nothing of it went out: the connection is still in step
+                if wait is not None and wait <= 0:
+                    raise TimeoutError(f"the deadline came with {len(unsent)} of {len(request)} bytes unsent")
+                writable.poll(None if wait is None else math.ceil(wait * 1000))
+            self.count("sent")
+        finally:
+            self._send_lock.release()
+
+    def _abandon(self, request_id):
+        """With the lock held: a call gave up. Its reply, when it comes, is dropped by id;
+        past ABANDONED_MAX such replies owed, the connection ends."""
+        del self.owed[request_id]
+        self.abandoned[request_id] = time.monotonic() + self.overdue_timeout
+        if len(self.abandoned) > ABANDONED_MAX:
+            self._break(f"more than {ABANDONED_MAX} timed-out calls' replies owed")
+        self._lock.notify_all()   # a waiting call has a new moment to wake at: this reply's overdue time
+
+    def _end_if_overdue(self):
+        """With the lock held: end the connection if a timed-out call's reply is overdue;
+        else return when the first one will be (None if none is owed)."""
+        overdue_at = min(self.abandoned.values(), default=None)
+        if overdue_at is not None and time.monotonic() >= overdue_at:
+            self._break(f"a timed-out call's reply is more than {self.overdue_timeout:g} s late")
+            return None
+        return overdue_at
 
     def _read_replies(self):
         """The reader thread: hand each reply to the call that owns its id."""
@@ -272,7 +343,7 @@ class TaggedClient(Hooks):
                         call.reply = reply + b"\n"
                         self._lock.notify_all()
                     elif reply_id in self.abandoned:
-                        self.abandoned.discard(reply_id)
+                        del self.abandoned[reply_id]
                     else:
                         raise ValueError(f"a reply for id {reply_id}, which no call is owed")
                     # counted under the lock, so a caller that has its reply sees the count

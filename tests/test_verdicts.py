@@ -35,11 +35,12 @@ def verdict_of(exercise, *arguments):
 
 # --- the exercises: the verdict changes with the rows ---------------------------------
 
-def test_keeping_the_bytes_past_a_reply_makes_the_checking_pool_own_up_to_4_wrong_of_6():
+def test_keeping_the_bytes_past_a_reply_leaves_the_fit_check_answering_every_request_with_an_error():
     exercise = exercise_that_removes("return bytes(buffer[:size]), bytes(buffer[size:])")   # exercise 10.2
     assert verdict_of(exercise, "--only", "dishonest") == [
         "  verdict: the pool that trusts hands out 4 of 6 wrong; "
-        "the pool that checks closes no connection and hands out 4 of 6 wrong"]
+        "the pool that checks closes the connection it was read on and hands out nothing wrong "
+        "(6 of 6 answered with an error)"]
 
 
 def test_deleting_the_last_writer_line_makes_the_headline_verdict_say_b_holds_neither_answer():
