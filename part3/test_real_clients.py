@@ -1,7 +1,8 @@
 """FramedProxy(framing=resp.RESP) for real Redis clients: requests framed whole (arrays
 and inline commands), refused when they cannot be shared, errors in RESP's form, a
-linear parse and deadlines; then redis-cli, redis-py and redis-benchmark through it,
-each checking that every value it reads is the one it wrote.
+linear parse and deadlines; then redis-cli, redis-py and redis-benchmark through it and
+through ManagedProxy(framing=RESP) (Part two's set, every client pipelined over one
+connection), each checking that every value it reads is the one it wrote.
 
 The five findings of issue 18 are the tests named after what they prove:
 smuggling, session commands, blank lines, the quadratic framing, the unframeable reply.
@@ -22,6 +23,7 @@ from conftest import need_redis
 from part3 import resp
 from part3.resp import RESP
 from scaffolding import redis_server
+from part2.managed import ManagedProxy
 from tcp_proxy import LINES, MAX_LINE, FramedProxy, Server, read_lines
 
 EXAMPLES = int(os.environ.get("SOAK", "40"))
@@ -371,16 +373,32 @@ def test_a_client_pipelining_arrays_and_inline_commands_in_one_write_is_answered
 
 # --- real clients ------------------------------------------------------------------------------------
 
+# Both Redis proxies the project builds: the pool that lends a connection per request, and
+# Part two's set, which pipelines every client over one connection (as twemproxy does).
+REDIS_PROXIES = {
+    "FramedProxy": lambda redis, pool_cap: FramedProxy(redis.addr, framing=RESP, pool_cap=pool_cap),
+    "ManagedProxy": lambda redis, pool_cap: ManagedProxy([(redis.addr, 1)], framing=RESP),
+}
+
+
+def upstream_errors(proxy):
+    """Exchanges that ended in an error the proxy made: 0 when every reply came from Redis."""
+    if isinstance(proxy, ManagedProxy):
+        return proxy.failed
+    return proxy.dirty + proxy.discarded
+
+
 def random_pairs(rng, count, prefix):
     return {f"{prefix}:{rng.getrandbits(64):016x}": rng.randbytes(rng.randint(0, 300)).hex() for _ in range(count)}
 
 
-def test_redis_cli_sets_and_gets_through_the_pool(redis):
+@pytest.mark.parametrize("proxy_kind", REDIS_PROXIES)
+def test_redis_cli_sets_and_gets_through_the_pool(redis, proxy_kind):
     need_redis("redis-cli")
     rng = random.Random(18)
     pairs = random_pairs(rng, 20, "cli")
     wrong = 0
-    with framed_pool(redis, pool_cap=2) as proxy:
+    with REDIS_PROXIES[proxy_kind](redis, 2) as proxy:
         port = str(proxy.addr[1])
         for key, value in pairs.items():
             run = subprocess.run(["redis-cli", "-p", port, "SET", key, value], capture_output=True, timeout=30)
@@ -398,10 +416,11 @@ def redis_py_client(proxy, **options):
     return redis_py.Redis(host=proxy.addr[0], port=proxy.addr[1], protocol=2, socket_timeout=30, **options)
 
 
-def test_redis_py_pooled_client_reads_back_every_value_it_wrote(redis):
+@pytest.mark.parametrize("proxy_kind", REDIS_PROXIES)
+def test_redis_py_pooled_client_reads_back_every_value_it_wrote(redis, proxy_kind):
     rng = random.Random(1818)
     pairs = random_pairs(rng, 300, "py")
-    with framed_pool(redis, pool_cap=4) as proxy:
+    with REDIS_PROXIES[proxy_kind](redis, 4) as proxy:
         client = redis_py_client(proxy)
         try:
             for key, value in pairs.items():
@@ -418,10 +437,12 @@ def test_redis_py_pooled_client_reads_back_every_value_it_wrote(redis):
     assert piped == [value.encode() for value in pairs.values()]
 
 
-def test_several_threads_sharing_one_redis_py_client_each_read_their_own_values(redis):
-    threads_count, each = 8, 100
+@pytest.mark.parametrize("proxy_kind", REDIS_PROXIES)
+def test_several_threads_sharing_one_redis_py_client_each_read_their_own_values(redis, control, proxy_kind):
+    threads_count = 8
+    each = 100
     wrong = [0] * threads_count
-    with framed_pool(redis, pool_cap=3) as proxy:
+    with REDIS_PROXIES[proxy_kind](redis, 3) as proxy:
         client = redis_py_client(proxy, max_connections=threads_count)
 
         def work(index):
@@ -439,13 +460,17 @@ def test_several_threads_sharing_one_redis_py_client_each_read_their_own_values(
                 thread.join()
             client.close()
             client.connection_pool.disconnect()
+        # the server's connections, the control's own left out: the set pipelines over one
+        held = control.command("CLIENT LIST").count(b" addr=") - 1
     assert wrong == [0] * threads_count
+    assert held == 1 if proxy_kind == "ManagedProxy" else held <= 3   # the set's one; the pool's cap
 
 
+@pytest.mark.parametrize("proxy_kind", REDIS_PROXIES)
 @pytest.mark.parametrize("pipeline", [1, 16])
-def test_redis_benchmark_completes_get_and_set_through_the_pool_with_no_error(redis, control, pipeline):
+def test_redis_benchmark_completes_get_and_set_through_the_pool_with_no_error(redis, control, pipeline, proxy_kind):
     need_redis("redis-benchmark")
-    with framed_pool(redis, pool_cap=8) as proxy:
+    with REDIS_PROXIES[proxy_kind](redis, 8) as proxy:
         run = subprocess.run(["redis-benchmark", "-p", str(proxy.addr[1]), "-t", "get,set", "-n", "2000",
                               "-c", "8", "-P", str(pipeline), "-q", "-e"],
                              capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
@@ -453,5 +478,5 @@ def test_redis_benchmark_completes_get_and_set_through_the_pool_with_no_error(re
         assert [line.split(b":")[0] for line in run.stdout.replace(b"\r", b"\n").split(b"\n")
                 if b"requests per second" in line] == [b"SET", b"GET"]
         assert b"ERR" not in run.stdout + run.stderr
-        assert proxy.dirty == 0
+        assert upstream_errors(proxy) == 0
     assert control.command("STRLEN key:__rand_int__") == b":3\r\n"   # what its SETs wrote: 3 bytes
