@@ -2,6 +2,7 @@
 the lesson imports no scaffolding, and the top level holds only the card's files.
 Imports are read with `ast`, lazy ones inside functions included."""
 import ast
+import functools
 import subprocess
 
 from conftest import ROOT
@@ -31,6 +32,7 @@ def imports_of(path, known):
     return found
 
 
+@functools.cache   # two tests read it; the tree does not change during a run
 def graph():
     known = modules()
     return {name: imports_of(path, known) - {name} for name, path in known.items()}
