@@ -24,8 +24,8 @@ from pictures.record import (Attempt, Borrowed, Checkin, Disabled, Enabled, Forw
                              Parsed, Partial, Read, Received, Replied, Routed, Sent, Service, SetCall,
                              SetMade, SetShutDown, Step, Trial, TrialEnd, Wrote, record_managed,
                              record_naive_relay, record_pool)
-from pictures.svg import (GREEN, INK, MUTED, FAINT, RED, RED_FILL, UPSTREAM_COLOURS, Svg, coalesce, colours,
-                          cut, heading, owners_of, text_width, visible)
+from pictures.svg import (GREEN, INK, MUTED, FAINT, RED, RED_FILL, Svg, coalesce, colours, cut,
+                          heading, sequence, owners_of, text_width, visible)
 from tcp_proxy import answer
 
 HERE = Path(__file__).parent.parent   # the project's root
@@ -149,8 +149,6 @@ def draw_headline(recorder):
     y = heading(svg, [title, "NaiveProxy shares one upstream socket and routes every reply to `last`, "
                              "the client that wrote most recently"])
     lanes = {"A": 90, "B": 300, "NaiveProxy": 570, "Upstream": 830}
-    notes_x = lanes["Upstream"] + 70
-    row = 34
     rows = []   # (kind, ...) per row, drawn below
     for event in recorder.events:
         if isinstance(event, Sent):
@@ -158,10 +156,10 @@ def draw_headline(recorder):
         elif isinstance(event, Forwarded):
             rows.append(("arrow", "NaiveProxy", "Upstream", event.data, event.client, False, ""))
         elif isinstance(event, Last):
-            rows.append(("note", "NaiveProxy", f"last = {event.client}", event.client, False))
+            rows.append(("note", "NaiveProxy", f"last = {event.client}", event.client, False, ""))
     gates = {e.gate for e in recorder.of(Replied)}
     for gate in sorted(gates - {0}):
-        rows.append(("note", "Upstream", f"gate: replies held until {gate} requests are in", None, False))
+        rows.append(("note", "Upstream", f"gate: replies held until {gate} requests are in", None, False, ""))
     routing = {e.routing for e in recorder.of(Routed)}
     how = "routed to last = {}" if routing == {"last"} else "routed to {} (routing: " + "/".join(sorted(routing)) + ")"
     for (reply, pieces), requesters in zip(deliveries(recorder), (senders for _, senders in request_owners(recorder))):
@@ -173,35 +171,8 @@ def draw_headline(recorder):
                          how.format(client) + (f": {asked} asked for it" if wrong else "")))
     for name, data in ((e.client, e.data) for e in recorder.of(Received)):
         expected = b"".join(answer(line) for line in lines_sent(recorder, name))
-        rows.append(("note", name, f"{name} received {len(data)} bytes", name, data != expected))
-    top = y + 30
-    bottom = top + row * (len(rows) + 1)
-    for lane, x in lanes.items():
-        fill, stroke = colours(lane)
-        svg.rect(x - 55, top - 26, 110, 26, fill, stroke, 1.5, radius=4)
-        svg.text(x, top - 8, lane, 13, INK, "middle", bold=True)
-        svg.line(x, top, x, bottom, FAINT, 1.5, dash="4 4")
-    for index, drawn in enumerate(rows):
-        y_row = top + row * (index + 1)
-        if drawn[0] == "arrow":
-            _, source, target, data, owner, wrong, remark = drawn
-            x1, x2 = lanes[source], lanes[target]
-            tone = RED if wrong else colours(owner)[1]
-            svg.arrow(x1, y_row, x2, y_row, tone, 2.5 if wrong else 1.5)
-            label = visible(data)
-            label_x = min(x1, x2) + 12
-            svg.rect(label_x - 3, y_row - 20, text_width(label, 13) + 6, 17, "#ffffff")
-            svg.text(label_x, y_row - 6, label, 13, RED if wrong else INK, bold=wrong)
-            if remark:
-                svg.text(notes_x, y_row + 4, remark, 12, RED if wrong else MUTED, bold=wrong)
-        else:
-            _, lane, label, owner, wrong = drawn
-            x = lanes[lane]
-            width = text_width(label, 12) + 14
-            fill, stroke = colours(owner) if owner else UPSTREAM_COLOURS
-            svg.rect(x - width / 2, y_row - 15, width, 22, RED_FILL if wrong else fill,
-                     RED if wrong else stroke, 2 if wrong else 1, radius=3)
-            svg.text(x, y_row + 1, label, 12, RED if wrong else INK, "middle", bold=True)
+        rows.append(("note", name, f"{name} received {len(data)} bytes", name, data != expected, ""))
+    bottom = sequence(svg, y + 30, lanes, rows, lanes["Upstream"] + 70)
     svg.legend(16, bottom + 30, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
                                   ("red: written to a client that did not ask for it", RED_FILL, RED)])
     return svg

@@ -155,6 +155,42 @@ def owners_of(chunks, start, end):
     return list(dict.fromkeys(owner for owner, _ in cut(chunks, start, end)))
 
 
+def sequence(svg, top, lanes, rows, remarks_x, row=34):
+    """A sequence diagram from `top`: a named box and a dashed lifeline per lane ({name: x}),
+    then one row per event down the page; returns the lifelines' bottom.
+
+    A row is ("arrow", from lane, to lane, bytes, owner, wrong, remark): an arrow in its
+    owner's colour under the bytes it carries, or ("note", lane, label, owner, wrong,
+    remark): a box on the lane. Wrong rows are red; a remark is written at remarks_x."""
+    bottom = top + row * (len(rows) + 1)
+    for lane, x in lanes.items():
+        fill, stroke = colours(lane)
+        width = max(110, text_width(lane, 13) + 14)
+        svg.rect(x - width / 2, top - 26, width, 26, fill, stroke, 1.5, radius=4)
+        svg.text(x, top - 8, lane, 13, INK, "middle", bold=True)
+        svg.line(x, top, x, bottom, FAINT, 1.5, dash="4 4")
+    for index, (kind, lane, *drawn) in enumerate(rows):
+        y = top + row * (index + 1)
+        if kind == "arrow":
+            target, data, owner, wrong, remark = drawn
+            x1, x2 = lanes[lane], lanes[target]
+            svg.arrow(x1, y, x2, y, RED if wrong else colours(owner)[1], 2.5 if wrong else 1.5)
+            label = visible(data)
+            label_x = min(x1, x2) + 12
+            svg.rect(label_x - 3, y - 20, text_width(label, 13) + 6, 17, "#ffffff")
+            svg.text(label_x, y - 6, label, 13, RED if wrong else INK, bold=wrong)
+        else:
+            label, owner, wrong, remark = drawn
+            width = text_width(label, 12) + 14
+            fill, stroke = colours(owner)
+            svg.rect(lanes[lane] - width / 2, y - 15, width, 22, RED_FILL if wrong else fill,
+                     RED if wrong else stroke, 2 if wrong else 1, radius=3)
+            svg.text(lanes[lane], y + 1, label, 12, RED if wrong else INK, "middle", bold=True)
+        if remark:
+            svg.text(remarks_x, y + 4, remark, 12, RED if wrong else MUTED, bold=wrong)
+    return bottom
+
+
 def coalesce(chunks):
     """Join adjacent (owner, data) chunks of the same owner: how a recv() cut them is noise."""
     joined = []
