@@ -12,11 +12,10 @@ in order, so the n-th reply on a connection answers the n-th request sent on it.
 """
 from pictures.record import (Connected, Dropped, Got, RedisRead, Recv, Returned, Scenario, TaggedSent, Timeout,
                              UpstreamRead, UpstreamReady, UpstreamWrote, record_redis_pools, record_tagged)
-from pictures.svg import cut, GREEN, INK, MUTED, RED, RED_FILL, Svg, colours, heading, text_width, visible
+from pictures.svg import cut, GREEN, INK, MUTED, RED, RED_FILL, Svg, colours, heading, sequence, text_width, visible
 from part3 import resp, tagged
 import tcp_proxy
 
-FAINT_LANE = "#cccccc"     # a lifeline
 NEVER_READ = "never read"   # the taker of stream bytes no borrower took
 UPSTREAM = "upstream"       # the owner of the untagged twin's bytes: one colour, no caller
 
@@ -166,11 +165,11 @@ def callers_by_id(events):
     return found
 
 
-def draw_tagged_sequence(svg, top, events, upstream_label="TaggedUpstream", sends_first=False):
-    """Callers' lifelines on the left, the upstream's on the right, one row per request
-    sent, call given up, and reply taken by the client's reader, down the page in the
-    order they were logged. A reply whose id belongs to a call that gave up is drawn in
-    red, stopping at the client. Returns (bottom, the reply ids in wire order, {id: (caller, line)}).
+def tagged_rows(events, sends_first=False):
+    """The rows of a sequence diagram (svg.sequence) for one TaggedClient's scenario:
+    each request sent, call given up and reply taken by the client's reader, in the
+    order they were logged; a reply whose id belongs to a call that gave up goes to the
+    client, in red. Returns (the lanes, the rows, the reply ids in wire order, {id: (caller, line)}).
 
     sends_first: every request first, then every reply, each in its own thread's order;
     for a scenario whose hooks leave the scheduler to choose whether a quick reply comes
@@ -181,53 +180,33 @@ def draw_tagged_sequence(svg, top, events, upstream_label="TaggedUpstream", send
     owners = callers_by_id(events)
     gave_up = {e.caller for e in events if isinstance(e, Timeout)}
     names = sorted({caller for caller, _ in owners.values()})
-    lane = {name: 40 + index * 90 for index, name in enumerate(names)}
-    client_x = lane[names[-1]] + 50      # where the client's reader stands
-    upstream_x = lane[names[-1]] + 660
-    label_x = client_x + 20
-    for name in names:
-        svg.text(lane[name], top, f"caller {name}", 13, colours(name)[1], anchor="middle", bold=True)
-    svg.text(upstream_x, top, upstream_label, 13, INK, anchor="middle", bold=True)
-    svg.text((client_x + upstream_x) / 2, top, "one TaggedClient connection", 12, MUTED, anchor="middle")
-    y = top + 30
-    rows_top = y - 12
-    wire_order = []
+    lanes = {name: 100 + index * 130 for index, name in enumerate(names)}
+    lanes.update(TaggedClient=lanes[names[-1]] + 150, TaggedUpstream=lanes[names[-1]] + 380)
+    rows, wire_order = [], []
     for event in events:
         if isinstance(event, TaggedSent):
-            caller, data = event
-            y += 38
-            svg.arrow(lane[caller] + 6, y, upstream_x - 6, y, colours(caller)[1], 1.5)
-            svg.bytes_box(label_x, y - 30, data, caller, 13)
+            rows.append(("arrow", event.caller, "TaggedUpstream", event.data, event.caller, False, ""))
         elif isinstance(event, Timeout):
-            caller = event.caller
-            y += 30
-            label = f"{caller} gives up: CallTimeout; its id is abandoned, not reused"
-            svg.rect(lane[caller] + 6, y - 15, text_width(label, 13) + 8, 20, "#ffffff")   # over the lifelines
-            svg.text(lane[caller] + 10, y, label, 13, RED, bold=True)
+            rows.append(("note", event.caller, f"{event.caller} gives up: CallTimeout", event.caller, True,
+                         "its id is abandoned, not reused"))
         elif isinstance(event, Got):
-            line = event.line
-            reply_id, _ = tagged.parse_tagged(line)
+            reply_id, _ = tagged.parse_tagged(event.line)
             caller = owners[reply_id][0]
             wire_order.append(reply_id)
-            y += 38
             if caller in gave_up:
-                svg.arrow(upstream_x - 6, y, client_x + 6, y, RED, 2.5)
-                svg.bytes_box(label_x, y - 30, line + b"\n", caller, 13, wrong=True)
-                svg.text(client_x + 6, y + 20, f"id {reply_id}: no call is owed it any more: dropped", 12, RED,
-                         bold=True)
-                y += 24
+                rows.append(("arrow", "TaggedUpstream", "TaggedClient", event.line + b"\n", caller, True,
+                             f"id {reply_id}: no call is owed it any more: dropped"))
             else:
-                svg.arrow(upstream_x - 6, y, lane[caller] + 6, y, colours(caller)[1], 2)
-                svg.bytes_box(label_x, y - 30, line + b"\n", caller, 13)
-                svg.text(upstream_x - 12, y - 12, f"id {reply_id} -> {caller}", 12, colours(caller)[1],
-                         anchor="end", bold=True)
-    bottom = y + 20
-    with svg.behind(0):
-        for name in names:
-            svg.line(lane[name], rows_top, lane[name], bottom, FAINT_LANE, 2, dash="4 4")
-        svg.line(client_x, rows_top, client_x, bottom, FAINT_LANE, 1, dash="2 6")
-        svg.line(upstream_x, rows_top, upstream_x, bottom, FAINT_LANE, 2, dash="4 4")
-    return bottom, wire_order, owners
+                rows.append(("arrow", "TaggedUpstream", caller, event.line + b"\n", caller, False,
+                             f"id {reply_id} -> {caller}"))
+    return lanes, rows, wire_order, owners
+
+
+def draw_tagged_sequence(svg, top, events, sends_first=False):
+    """One TaggedClient's scenario as a sequence diagram from `top`; returns (its bottom,
+    the reply ids in wire order, {id: (caller, line)})."""
+    lanes, rows, wire_order, owners = tagged_rows(events, sends_first)
+    return sequence(svg, top + 26, lanes, rows, lanes["TaggedUpstream"] + 70), wire_order, owners
 
 
 def draw_results(svg, y, events, owners):
