@@ -13,6 +13,7 @@ CLIENT_COLOURS = {   # name -> (fill, stroke); the same client has the same colo
     "A": ("#dbe8f7", "#1f5fa8"),
     "B": ("#fde3cc", "#b85c00"),
     "C": ("#e4dcf3", "#5b3a9e"),
+    "D": ("#d5eeec", "#00695c"),
     "nobody": (RED_FILL, RED),   # bytes no request asked for
 }
 
