@@ -12,7 +12,7 @@ in order, so the n-th reply on a connection answers the n-th request sent on it.
 """
 from pictures.record import (Connected, Dropped, Got, RedisRead, Recv, Returned, Scenario, TaggedSent, Timeout,
                              UpstreamRead, UpstreamReady, UpstreamWrote, record_redis_pools, record_tagged)
-from pictures.svg import cut, GREEN, INK, MUTED, RED, RED_FILL, Svg, colours, heading, sequence, text_width, visible
+from pictures.svg import cut, GREEN, INK, MUTED, RED, RED_FILL, Svg, colours, borrows, heading, sequence, text_width, visible
 from part3 import resp, tagged
 import tcp_proxy
 
@@ -71,8 +71,9 @@ def pieces(replies, deliveries):
 # --- drawing ---------------------------------------------------------------------------
 
 def draw_redis_panel(svg, left, top, rule, note, events, connection, shown, drawn):
-    """The first `shown` borrows of one connection: its stream on top, cut where each
-    borrower's read ended, then one row per borrower. Returns the panel's bottom."""
+    """The first `shown` borrows of one connection as svg.borrows steps: its stream on
+    top, cut where each borrower's read ended, then one row per borrower. Returns the
+    panel's bottom."""
     replies, deliveries = redis_stream(events, connection)
     deliveries = deliveries[:shown]
     shown_end = deliveries[-1][3]
@@ -82,43 +83,22 @@ def draw_redis_panel(svg, left, top, rule, note, events, connection, shown, draw
             kept.append((owner, data))
             drawn.add(owner)   # for the legend: a colour only for an owner whose bytes are drawn
         position += len(data)
-    svg.text(left, top, rule, 14, INK, bold=True)
-    svg.text(left, top + 18, note, 12, MUTED)
-    y = top + 46
-    svg.text(left, y, f"what Redis wrote on upstream connection {connection}, reply after reply:", 12, MUTED)
-    y += 10
-    x = left
     parts = pieces(kept, deliveries)
-    for owner, taker, data, _ in parts:
-        stolen = taker not in (owner, NEVER_READ)
-        width = svg.bytes_box(x, y, data, owner, 13, wrong=stolen)
-        tone = RED if stolen else (MUTED if taker == NEVER_READ else colours(taker)[1])
-        label = "unread" if taker == NEVER_READ else f"to {taker}"
-        svg.text(x + width / 2, y + 42, label, 12, tone, anchor="middle", bold=stolen)
-        svg.line(x + width / 2, y + 26, x + width / 2, y + 30, tone, 1.5)
-        x += width + 4
-    y += 76
-    request_width = max(len(visible(request)) for _, request, _, _ in deliveries)
+    strip = [(owner, data, taker not in (owner, NEVER_READ), None if taker == NEVER_READ else taker)
+             for owner, taker, data, _ in parts]
+    rows = []
     for client, request, start, end in deliveries:
-        got = [(owner, data) for owner, _, data, at in parts if start <= at < end]
-        owners = {owner for owner, _ in got}
-        whole = any(data == b"".join(d for _, d in got) for o, data in kept if o == client)
-        label = f"{client} sent {visible(request):<{request_width}}"
-        svg.text(left, y, label, 13, INK)
-        x = left + text_width(label, 13) + 8
-        svg.text(x, y, "got", 13, MUTED)
-        x += text_width("got", 13) + 8
-        for owner, data in got:
-            x += svg.bytes_box(x, y - 17, data, owner, 13, wrong=owner != client) + 2
-        if whole:
+        got = [(owner, data, owner != client) for owner, _, data, at in parts if start <= at < end]
+        owners = {owner for owner, _, _ in got}
+        if any(data == b"".join(d for _, d, _ in got) for o, data in kept if o == client):
             verdict, tone = "its whole reply", GREEN
         elif owners == {client}:
             verdict, tone = "cut: only the first line of its reply", RED
         else:
             verdict, tone = f"WRONG: bytes of {', '.join(sorted(owners - {client}))}'s reply", RED
-        svg.text(x + 10, y, verdict, 13, tone, bold=True)
-        y += 32
-    return y
+        rows.append((client, request, got, verdict, tone, ""))
+    caption = f"what Redis wrote on upstream connection {connection}, reply after reply:"
+    return borrows(svg, left, top, rule, note, (caption, strip), rows)
 
 
 def draw_redis_line_pool(recorder):
