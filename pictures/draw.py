@@ -25,7 +25,7 @@ from pictures.record import (Attempt, Borrowed, Checkin, Disabled, Enabled, Forw
                              SetMade, SetShutDown, Step, Trial, TrialEnd, Wrote, record_managed,
                              record_naive_relay, record_pool)
 from pictures.svg import (GREEN, INK, MUTED, FAINT, RED, RED_FILL, Svg, coalesce, colours, cut,
-                          heading, sequence, owners_of, text_width, visible)
+                          borrows, heading, sequence, owners_of, text_width, visible)
 from tcp_proxy import answer
 
 HERE = Path(__file__).parent.parent   # the project's root
@@ -190,23 +190,18 @@ def record_release():
                        score=demo.right_of)
 
 
-KIND_ORDER = {Borrowed: 0, Wrote: 1, Partial: 2, Read: 3, Checkin: 4}
+POOL_EVENTS = (Borrowed, Wrote, Partial, Read, Checkin)
 
 
-def trials(recorder, by_kind=False):
-    """{trial label: (its events sorted by exchange, stably, result)}.
-
-    by_kind: within an exchange, draw borrow, write, read, checkin in that order,
-    which is always a causal order; use it when the upstream's write and the
-    proxy's read can race (a read served from leftover bytes waits for no write)."""
+def trials(recorder):
+    """{trial label: (its events sorted by exchange, stably, result)}."""
     found, current = {}, None
     for event in recorder.events:
         if isinstance(event, Trial):
             current = []
         elif isinstance(event, TrialEnd):
-            key = (lambda e: (e.k, KIND_ORDER[type(e)])) if by_kind else (lambda e: e.k)
-            found[event.label] = (sorted(current, key=key), event.result)
-        elif current is not None and type(event) in KIND_ORDER:
+            found[event.label] = (sorted(current, key=lambda e: e.k), event.result)
+        elif current is not None and isinstance(event, POOL_EVENTS):
             current.append(event)
     return found
 
@@ -221,111 +216,41 @@ def owned_writes(events):
 
 
 def pieces_of(writes, connection, start, end):
-    """The (owner, bytes, (write index, part), exchange) pieces of connection's stream bytes start..end."""
-    chunks = [((owner, (index, part), exchange), data) for index, (exchange, on, parts) in enumerate(writes)
-              if on == connection for part, (owner, data) in enumerate(parts)]
-    return [(owner, piece, where, exchange) for (owner, where, exchange), piece in cut(chunks, start, end)]
+    """The (owner, bytes, exchange) pieces of connection's stream bytes start..end."""
+    chunks = [((owner, exchange), data) for exchange, on, parts in writes if on == connection for owner, data in parts]
+    return [(owner, piece, exchange) for (owner, exchange), piece in cut(chunks, start, end)]
 
 
-CHECKIN_LABELS = {"released": "checkin", "dirty": "closed as dirty", "discarded": "closed"}
+CHECKIN_LABELS = {"released": "then checkin", "dirty": "then closed as dirty", "discarded": "then closed"}
 
 
-def draw_pool_panel(svg, left, top, rule, events, shown_exchanges):
-    """One trial as a timeline running down the page, from `top`; returns its bottom.
-
-    Columns: what the upstream writes, who holds the connection, what the borrower
-    gets. Bytes are coloured by the client whose request they answer; bytes a borrower
-    gets that answer another request (or none) are outlined in red, with an arrow
-    from the write that carried them, run along the write's row and down onto them,
-    clear of the labels in the connection's column."""
+def pool_steps(events, shown):
+    """A trial's first `shown` borrows for svg.borrows: (its connection's stream if it
+    used only one, else None; a row per borrow; the exchanges whose answer a borrower
+    read). A piece a borrower gets is wrong if it answers another request, or none."""
     requests = {e.k: e.request for e in events if isinstance(e, Borrowed)}
+    partial = {e.k for e in events if isinstance(e, Partial)}
+    checkins = {e.k: e for e in events if isinstance(e, Checkin)}
     writes = owned_writes(events)
-    # A write no borrower read a byte of is left out: the trial ended before it mattered,
-    # and whether it was written before the upstream closed is up to the scheduler.
-    read_writes, consumed = set(), {}
-    for read in (e for e in events if isinstance(e, Read)):
-        start = consumed.get(read.connection, 0)
-        consumed[read.connection] = start + len(read.reply)
-        read_writes.update(index for _, _, (index, _), _ in pieces_of(writes, read.connection, start,
-                                                                      start + len(read.reply)))
-    several = len({e.connection for e in events if isinstance(e, Borrowed)}) > 1
-    columns = {"upstream": left, "connection": left + 250, "gets": left + 470}
-    svg.text(left, top, rule, 14, INK, bold=True)
-    for name, label in (("upstream", "the upstream writes"), ("connection", "the connection"),
-                        ("gets", "the borrower gets")):
-        svg.text(columns[name], top + 26, label, 12, MUTED)
-    y = top + 34
-    first_part = len(svg.parts)   # the red arrows go under everything in the panel
-    write_index, read_at, write_ends, lease_top = 0, {}, {}, {}
-    silence_from, arrows = None, []
-    write_numbers = iter(range(len(writes)))
-    for event in (e for e in events if e.k <= shown_exchanges):
-        kind, k = type(event), event.k
-        if kind is Wrote and next(write_numbers) not in read_writes:
-            write_index += 1
-            continue
-        y += 30
-        if kind is Borrowed:
-            client, request, connection = event.client, event.request, event.connection
-            lease_top[k] = y - 18
-            label = f"lent to {client}: {visible(request)}"
-            svg.rect(columns["connection"] + 10, y - 14, text_width(label, 12) + 4, 18, "#ffffff")
-            svg.text(columns["connection"] + 12, y, label, 12, INK)
-            if several:
-                svg.text(columns["connection"] + 12, y + 14, f"connection {connection}", 11, MUTED)
-                y += 10
-        elif kind is Wrote:
-            if event.part == "rest" and silence_from is not None:
-                svg.line(columns["upstream"] + 10, silence_from, columns["upstream"] + 10, y - 20,
-                         MUTED, 1.5, dash="3 4")
-                svg.text(columns["upstream"] + 18, (silence_from + y - 20) / 2 + 4, "silence: the pause",
-                         12, MUTED)
-                silence_from = None
-            x = columns["upstream"]
-            for part, (owner, data) in enumerate(writes[write_index][2]):
-                x += svg.bytes_box(x, y - 17, data, owner, 12, wrong=owner == NOBODY) + 2
-                write_ends[write_index, part] = (x, y - 5)
-            silence_from = y + 9 if event.part == "first" else None
-            write_index += 1
-        elif kind is Partial:
-            svg.text(columns["connection"] + 12, y, "no end of reply yet: reads on", 12, MUTED)
-        elif kind is Read:
-            client, reply, connection = event.client, event.reply, event.connection
-            start = read_at.get(connection, 0)
-            read_at[connection] = start + len(reply)
-            x = columns["gets"]
-            svg.text(x, y, f"{client}:", 12, INK, bold=True)
-            x += 30
-            for owner, piece, index, exchange in pieces_of(writes, connection, start, start + len(reply)):
-                stale = owner == NOBODY or exchange != k   # bytes of another request's answer, or of none
-                if stale:
-                    arrows.append((write_ends[index], (x, y - 5)))
-                x += svg.bytes_box(x, y - 17, piece, owner, 12, wrong=stale) + 2
-            right = reply == answer(requests[k].rstrip(b"\n"))
-            svg.text(x + 8, y, "right" if right else "wrong", 12, GREEN if right else RED, bold=True)
-        elif kind is Checkin:
-            client, outcome, connection = event.client, event.outcome, event.connection
-            stroke = colours(client)[1]
-            svg.rect(columns["connection"], lease_top[k], 6, y - 14 - lease_top[k], stroke, stroke)
-            svg.line(columns["connection"], y - 6, columns["connection"] + 200, y - 6, stroke, 2)
-            svg.text(columns["connection"] + 12, y + 8, CHECKIN_LABELS.get(outcome, outcome), 12, stroke,
-                     bold=True)
-            unread = len(b"".join(piece for _, piece, _, _ in pieces_of(writes, connection, 0, 1 << 30))) - \
-                read_at.get(connection, 0)
-            if outcome != "released" and unread:
-                svg.text(columns["connection"] + 12, y + 22, f"with {unread} bytes never read", 11, MUTED)
-                y += 14
-            y += 8
-    with svg.behind(first_part):
-        for (x1, y1), (x2, y2) in arrows:
-            svg.line(x1 + 2, y1, x2 + 12, y1, RED, 2)
-            svg.arrow(x2 + 12, y1, x2 + 12, y2 - 13, RED, 2)
-    answered = {writes[index][0] for index in read_writes}
-    unread = [visible(requests[k]) for k in sorted(requests) if k <= shown_exchanges and k not in answered]
-    if unread:
-        y += 30
-        svg.text(left, y, f"no borrower read the answers to {', '.join(unread)}: not drawn", 12, MUTED)
-    return y
+    one_connection = len({e.connection for e in checkins.values()}) == 1
+    strip, rows, read_at, answered = [], [], {}, set()
+    for read in (e for e in events if isinstance(e, Read) and e.k <= shown):
+        start = read_at.get(read.connection, 0)
+        end = start + len(read.reply)
+        read_at[read.connection] = end
+        pieces = pieces_of(writes, read.connection, start, end)
+        got = [(owner, piece, owner == NOBODY or exchange != read.k) for owner, piece, exchange in pieces]
+        strip += [(owner, piece, wrong, read.client) for owner, piece, wrong in got]
+        answered.update(exchange for owner, _, exchange in pieces if owner != NOBODY)
+        right = read.reply == answer(requests[read.k].rstrip(b"\n"))
+        after = ("read on after its first part; " if read.k in partial else "") + CHECKIN_LABELS[checkins[read.k].outcome]
+        written = sum(len(piece) for _, piece, _ in pieces_of(writes, read.connection, 0, 1 << 30))
+        if checkins[read.k].outcome != "released" and written > end:
+            after += f", {written - end} bytes never read"
+        if not one_connection:
+            after += f" (connection {read.connection})"
+        rows.append((read.client, requests[read.k], got, "right" if right else "wrong", GREEN if right else RED, after))
+    return strip if one_connection else None, rows, answered
 
 
 def tally(events):
@@ -337,6 +262,15 @@ def tally(events):
                  for (client, _), reply in reads)
     dirty = sum(e.outcome == "dirty" for e in events if isinstance(e, Checkin))
     return right, others, dirty, len({e.connection for e in events if isinstance(e, Borrowed)}), len(asked)
+
+
+def draw_pool_panel(svg, y, rule, note, events, shown):
+    """A trial's first `shown` borrows as svg.borrows steps; returns (the bottom, the
+    requests sent on whose answers no borrower read a byte)."""
+    strip, rows, answered = pool_steps(events, shown)
+    caption = "its one upstream connection's stream, as written: each borrower reads on where the last stopped"
+    unread = [visible(e.request) for e in events if isinstance(e, Borrowed) and e.k <= shown and e.k not in answered]
+    return borrows(svg, 16, y, rule, note, strip and (caption, strip), rows), unread
 
 
 def draw_release(recorder):
@@ -352,13 +286,13 @@ def draw_release(recorder):
         else:
             timeout = next(e.timeout for e in events if isinstance(e, Checkin))
             rule = f'release="timeout": it goes back after {timeout}s of silence'
-        y = draw_pool_panel(svg, 16, y + 10, rule, events, SHOWN_EXCHANGES) + 36
         total = tally(events)[4]
-        svg.text(16, y, f"right: {right}/{total}   (the first {SHOWN_EXCHANGES} of {total} borrowers drawn)", 13,
-                 GREEN if right == total else RED, bold=True)
-        y += 30
+        note = f"the first {SHOWN_EXCHANGES} of its {total} borrows; the upstream pauses after each reply's first part"
+        y = draw_pool_panel(svg, y + 10, rule, note, events, SHOWN_EXCHANGES)[0] + 4
+        svg.text(16, y, f"right: {right}/{total}", 13, GREEN if right == total else RED, bold=True)
+        y += 40
     svg.legend(16, y, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")), ("C's bytes", *colours("C")),
-                       ("red: bytes of another client's answer", RED_FILL, RED)])
+                       ("red outline: bytes of another client's answer", "#ffffff", RED)])
     return svg
 
 
@@ -366,60 +300,26 @@ def record_dishonest():
     return record_pool(demo.dishonest, "dishonest_trial", lambda pool_class: pool_class.__name__)
 
 
-def draw_queue_panel(svg, left, top, rule, events):
-    """A trial on one connection as its stream, one queue of lines top to bottom in the
-    order written, beside each line the borrower that took it next; returns the bottom."""
-    requests = {e.k: e.request for e in events if isinstance(e, Borrowed)}
-    writes = owned_writes(events)
-    svg.text(left, top, rule, 14, INK, bold=True)
-    svg.text(left, top + 26, "its one connection's stream, line after line: each borrower takes the next", 12, MUTED)
-    y, position = top + 34, 0
-    for read in (e for e in events if isinstance(e, Read)):
-        y += 30
-        x = left + 16
-        for owner, piece, _, exchange in pieces_of(writes, read.connection, position, position + len(read.reply)):
-            x += svg.bytes_box(x, y - 17, piece, owner, 12, wrong=owner == NOBODY or exchange != read.k) + 2
-        position += len(read.reply)
-        right = read.reply == answer(requests[read.k].rstrip(b"\n"))
-        svg.arrow(left + 200, y - 5, left + 236, y - 5, GREEN if right else RED, 1.5, head=6)
-        label = f"to {read.client}, who asked {visible(requests[read.k])}:"
-        svg.text(left + 244, y, label, 12, INK)
-        svg.text(left + 250 + text_width(label, 12), y, "right" if right else "wrong", 12,
-                 GREEN if right else RED, bold=True)
-    svg.arrow(left + 4, top + 46, left + 4, y + 6, MUTED, 1.5, head=6)   # the stream runs down the page
-    connection = events[0].connection
-    answered = {exchange for owner, _, _, exchange in pieces_of(writes, connection, 0, position) if owner != NOBODY}
-    unread = [visible(requests[k]) for k in sorted(requests) if k not in answered]
-    if unread:
-        svg.text(left, y + 30, "queued behind them, never read:", 12, MUTED)
-        y += 48
-        svg.text(left, y, f"the answers to {', '.join(unread)}", 12, MUTED)
-    return y
-
-
 def draw_dishonest(recorder):
     title = "Scenario 9: an upstream that says one line nobody asked for"
     svg = Svg(title)
-    found = trials(recorder, by_kind=True)
+    found = trials(recorder)
     extra = {e.data[len(e.honest):] for e in recorder.of(Wrote)} - {b""}
     y = heading(svg, [title, f"the upstream follows every reply with {' '.join(map(visible, sorted(extra)))} "
                              "in the same write; A and B take turns through a pool of one connection"])
-    bottoms = []
-    for index, (label, (events, _)) in enumerate(found.items()):
+    for label, (events, _) in found.items():
         rule = {"TrustingPool": "TrustingPool: keeps the bytes past a reply for the next borrower",
                 "FramedProxy": "FramedProxy: closes a connection with bytes past a reply"}.get(label, label)
-        panel = draw_queue_panel if label == "TrustingPool" else draw_pool_panel
-        bottom = panel(svg, 16 + index * 640, y + 10, rule, events, *[len(events)][:index]) + 36
         right, others, dirty, connections, borrows = tally(events)
-        tone = GREEN if right == borrows else RED
-        svg.text(16 + index * 640, bottom, f"right {right}/{borrows}   another client's answer {others}", 13,
-                 tone, bold=True)
-        svg.text(16 + index * 640, bottom + 20, f"dirty connections closed {dirty}   "
-                 f"upstream connections opened {connections}", 13, INK)
-        bottoms.append(bottom + 20)
-    svg.legend(16, max(bottoms) + 30, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
-                                        ("red fill: the line nobody asked for", *colours(NOBODY)),
-                                        ("red outline: not the answer to this request", "#ffffff", RED)])
+        note = f"right {right}/{borrows}   another client's answer {others}   dirty connections closed {dirty}   " \
+               f"upstream connections opened {connections}"
+        y, unread = draw_pool_panel(svg, y + 10, rule, note, events, borrows)
+        if unread:
+            svg.text(16, y, f"queued behind them, never read: the answers to {', '.join(unread)}", 12, MUTED)
+        y += 36
+    svg.legend(16, y, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
+                       ("red fill: the line nobody asked for", *colours(NOBODY)),
+                       ("red outline: not the answer to this request", "#ffffff", RED)])
     return svg
 
 
