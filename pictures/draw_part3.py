@@ -12,7 +12,7 @@ in order, so the n-th reply on a connection answers the n-th request sent on it.
 """
 from pictures.record import (Connected, Dropped, Got, RedisRead, Recv, Returned, Scenario, TaggedSent, Timeout,
                              UpstreamRead, UpstreamReady, UpstreamWrote, record_redis_pools, record_tagged)
-from pictures.svg import cut, GREEN, INK, MUTED, RED, RED_FILL, Svg, colours, borrows, heading, sequence, text_width, visible
+from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, Svg, borrows, colours, cut, heading, sequence, visible
 from part3 import resp, tagged
 import tcp_proxy
 
@@ -190,24 +190,20 @@ def draw_tagged_sequence(svg, top, events, sends_first=False):
 
 
 def draw_results(svg, y, events, owners):
-    """One line per call: what it asked, what it returned, whether that is its own reply."""
+    """A row per call (svg.borrows): what it asked, what it returned, whether that is its own reply."""
     results = {e.caller: e.outcome for e in events if isinstance(e, Returned)}
     rows = []
     for request_id in sorted(owners):
         caller, line = owners[request_id]
         outcome = results.get(caller)
-        shown = outcome if isinstance(outcome, str) else visible(outcome or b"")
-        rows.append((caller, visible(line), shown, outcome == tcp_proxy.answer(line), isinstance(outcome, str)))
-    line_width = max(len(row[1]) for row in rows)
-    outcome_width = max(len(row[2]) for row in rows)
-    for caller, line, outcome, right, raised in rows:
-        label = f"{caller} called {line:<{line_width}}  {'raised' if raised else 'returned'} {outcome:<{outcome_width}}"
-        svg.text(16, y, label, 13, INK)
-        verdict = "gave up" if raised else ("its own reply" if right else "WRONG")
-        svg.text(16 + text_width(label, 13) + 12, y, verdict, 13, MUTED if raised else GREEN if right else RED,
-                 bold=True)
-        y += 22
-    return y
+        if isinstance(outcome, str):
+            rows.append((caller, line, [], f"nothing: it raised {outcome}", MUTED, ""))
+        else:
+            right = outcome == tcp_proxy.answer(line)
+            rows.append((caller, line, [(caller, outcome, not right)], "its own reply" if right else "WRONG",
+                         GREEN if right else RED, ""))
+    return borrows(svg, 16, y, "what each call returned", "call() returns the reply that carries its own id",
+                   None, rows)
 
 
 def draw_tagged_out_of_order(recorder):
@@ -219,7 +215,7 @@ def draw_tagged_out_of_order(recorder):
     bottom, wire_order, owners = draw_tagged_sequence(svg, y + 16, events)
     svg.text(16, bottom + 28, f"ids went out {', '.join(map(str, sorted(owners)))}; replies came back "
              f"{', '.join(map(str, wire_order))}: not the order asked", 13, RED, bold=True)
-    draw_results(svg, bottom + 56, events, owners)
+    draw_results(svg, bottom + 66, events, owners)
     return svg
 
 
@@ -238,31 +234,21 @@ def draw_head_of_line(recorder):
     passed = [request_id for request_id in wire_order[:wire_order.index(slow_id)]]
     svg.text(16, bottom + 28, f"id {slow_id} (GET slow) went out first and came back last: "
              f"ids {', '.join(map(str, passed))} passed it", 13, GREEN, bold=True)
-    y = draw_results(svg, bottom + 56, events, owners) + 30
+    y = draw_results(svg, bottom + 66, events, owners) + 30
     untagged = [e for e in events if isinstance(e, (UpstreamRead, UpstreamReady, UpstreamWrote)) and not e.tagged]
-    reads = [e.line for e in untagged if isinstance(e, UpstreamRead)]
     readies = [e.key for e in untagged if isinstance(e, UpstreamReady)]
-    writes = [e.line for e in untagged if isinstance(e, UpstreamWrote)]
-    held = next(key for key in readies if key == "slow")
-    ready_first = sorted(readies[:readies.index(held)])
+    ready_first = sorted(readies[:readies.index("slow")])
     svg.text(16, y, "without ids: the untagged twin, the four requests pipelined in order on one socket", 14,
              INK, bold=True)
-    y += 34
-    svg.text(16, y, "read", 13, MUTED)
-    x = 16 + text_width("written ", 13)
-    for line in reads:
-        x += svg.bytes_box(x, y - 17, line.encode() + b"\n", UPSTREAM, 13) + 4
-    y += 40
-    svg.text(16, y, f"while GET {held} is held: replies ready {len(ready_first)} "
-             f"({', '.join(ready_first)}), written 0: each waits its turn behind GET {held}", 13, RED, bold=True)
-    y += 36
-    svg.text(16, y, "written", 13, MUTED)
-    x = 16 + text_width("written ", 13)
-    for index, line in enumerate(writes):
-        late = index > 0
-        x += svg.bytes_box(x, y - 17, line.encode() + b"\n", UPSTREAM, 13, wrong=late) + 4
-    y += 30
-    svg.text(16, y, f"in order, only after GET {held}: the fast replies (red outline) waited for it", 13, RED)
+    lanes = {"one socket": 100, "untagged upstream": 520}
+    rows = [("arrow", "one socket", "untagged upstream", e.line.encode() + b"\n", UPSTREAM, False, "")
+            for e in untagged if isinstance(e, UpstreamRead)]
+    rows.append(("note", "untagged upstream", "GET slow held", None, True,
+                 f"replies ready {len(ready_first)} ({', '.join(ready_first)}), written 0: each waits its turn"))
+    for index, e in enumerate(e for e in untagged if isinstance(e, UpstreamWrote)):
+        rows.append(("arrow", "untagged upstream", "one socket", e.line.encode() + b"\n", UPSTREAM, index > 0,
+                     "in order: it waited for GET slow" if index else "written once GET slow is let go"))
+    sequence(svg, y + 46, lanes, rows, lanes["untagged upstream"] + 70)
     return svg
 
 
@@ -280,7 +266,7 @@ def draw_late_reply(recorder):
     svg.text(16, bottom + 28, f"late replies dropped by id: {dropped}; the connection served on: ids "
              f"{', '.join(map(str, later))} went to their callers; connections opened: {connections}", 13,
              GREEN, bold=True)
-    draw_results(svg, bottom + 56, events, owners)
+    draw_results(svg, bottom + 66, events, owners)
     return svg
 
 
