@@ -558,3 +558,17 @@ def render_all(runs=None, pictures=None):
     """Draw every picture from `runs` (record_all() if not given): {file name: SVG text}."""
     runs = runs or record_all(pictures)
     return {name: draw(runs[name][0]).render() for name, (_, draw) in (pictures or PICTURES).items()}
+
+
+def save(svgs, check, remedy="make pictures"):
+    """Write each {file name: SVG text} to pictures/, or with `check` write nothing and
+    say which differ from it; returns how many differ."""
+    stale = [name for name in svgs if check and (not (PICTURES_DIR / name).exists() or
+                                                  (PICTURES_DIR / name).read_text(encoding="utf-8") != svgs[name])]
+    for name, svg in svgs.items():
+        if not check:
+            (PICTURES_DIR / name).write_text(svg, encoding="utf-8")
+            print(f"wrote pictures/{name}")
+    for name in stale:
+        print(f"pictures/{name} differs from what the scenario draws now: run `{remedy}` and look at it")
+    return len(stale)

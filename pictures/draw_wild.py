@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 from part3 import wild
-from pictures.draw import PICTURES_DIR
+from pictures.draw import save
 from pictures.svg import FAINT, GREEN, MUTED, RED, RED_FILL, Svg, heading, sequence
 
 NAME = "part3-wild.svg"
@@ -95,15 +95,8 @@ def main(argv):
     if missing:
         print(f"pictures.draw_wild: no venv for redis-py {', '.join(missing)}; `make wild-venvs` makes them")
         return 0
-    drawn = draw({version: record(version) for version in SHOWN}).render()
-    path = PICTURES_DIR / NAME
-    if argv == ["--check"]:
-        if path.read_text(encoding="utf-8") != drawn:
-            print(f"pictures/{NAME} is stale: run `python3 -m pictures.draw_wild` and look at it")
-            return 1
-        return 0
-    path.write_text(drawn, encoding="utf-8")
-    return 0
+    svgs = {NAME: draw({version: record(version) for version in SHOWN}).render()}
+    return 1 if save(svgs, argv == ["--check"], "python3 -m pictures.draw_wild") else 0
 
 
 if __name__ == "__main__":

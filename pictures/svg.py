@@ -1,6 +1,5 @@
 """pictures.svg: a few shapes and monospace text, and the colours every picture shares.
 A reader of the lesson need not read this module."""
-import contextlib
 from xml.sax.saxutils import escape
 
 FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
@@ -108,14 +107,6 @@ class Svg:
             self.rect(x, y - size + 1, size, size, fill, stroke, 1.5)
             self.text(x + size + 6, y, label, size, INK)
             x += size + 6 + text_width(label, size) + 22
-
-    @contextlib.contextmanager
-    def behind(self, position):
-        """Shapes drawn inside the block go under those drawn since parts[position]."""
-        later = self.parts[position:]
-        del self.parts[position:]
-        yield
-        self.parts.extend(later)
 
     def render(self, margin=16):
         if self.left < 0 or self.top < 0:
