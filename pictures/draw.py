@@ -6,13 +6,15 @@
 Nothing is drawn by hand: each picture draws the events pictures.record heard while
 its scenario ran, unchanged, so a change to what a scenario does changes its
 picture, and test_pictures.py (which draws them afresh) fails. No picture shows a
-time, a port or an id; Part two's times are the virtual clock's.
+time, a port or an id; Part two's times are the virtual clock's. Two layouts are
+shared (pictures.svg): sequence() draws lanes and arrows, borrows() a pool's
+borrows as steps.
 
     interleave.svg        scenario 1 as a byte strip
     headline.svg          scenario 2 as a sequence diagram
-    release.svg           scenario 6, framed above timeout, borrow by borrow (a timeline)
-    dishonest.svg         scenario 9: TrustingPool's stream as a queue, FramedProxy's timeline
-    dirty-return.svg      Part two's 1: the owed queue under three rules (steps)
+    release.svg           scenario 6, framed above timeout, borrow by borrow (borrows)
+    dishonest.svg         scenario 9, TrustingPool above FramedProxy, borrow by borrow (borrows)
+    dirty-return.svg      Part two's 1: the owed queue under three rules, step by step
     failover-windows.svg  Part two's 4 on the virtual clock's axis (a timeline)
 """
 import textwrap
@@ -243,7 +245,9 @@ def pool_steps(events, shown):
         strip += [(owner, piece, wrong, read.client) for owner, piece, wrong in got]
         answered.update(exchange for owner, _, exchange in pieces if owner != NOBODY)
         right = read.reply == answer(requests[read.k].rstrip(b"\n"))
-        after = ("read on after its first part; " if read.k in partial else "") + CHECKIN_LABELS[checkins[read.k].outcome]
+        after = CHECKIN_LABELS[checkins[read.k].outcome]
+        if read.k in partial:
+            after = "read on after its first part; " + after
         written = sum(len(piece) for _, piece, _ in pieces_of(writes, read.connection, 0, 1 << 30))
         if checkins[read.k].outcome != "released" and written > end:
             after += f", {written - end} bytes never read"

@@ -1,10 +1,10 @@
 """pictures.draw_part3: Part three's pictures, drawn from the scenarios' own runs, as
 pictures/draw.py draws the others (`python3 -m pictures` draws them all).
 
-    part3-redis-line-pool.svg       a byte strip per pool: TrustingPool (lines) against FramedProxy (RESP)
+    part3-redis-line-pool.svg       borrows: TrustingPool framing by line, then FramedProxy by RESP
     part3-tagged-out-of-order.svg   a sequence: ids going up, replies back in another order, each to its caller
-    part3-head-of-line.svg          a held key with ids (the fast replies pass it) against the untagged twin
-    part3-late-reply.svg            a call gives up; its late reply is dropped by id, the connection serves on
+    part3-head-of-line.svg          sequences: a held key with ids (the fast replies pass it), the untagged twin
+    part3-late-reply.svg            a sequence: a call gives up, its late reply dropped by id, the connection serving on
 
 A pool of one connection lends it to one borrower at a time, so the order of the
 reads is the order the borrowers held it; Redis answers one connection's commands
@@ -16,7 +16,6 @@ from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, Svg, borrows, colours
 from part3 import resp, tagged
 import tcp_proxy
 
-NEVER_READ = "never read"   # the taker of stream bytes no borrower took
 UPSTREAM = "upstream"       # the owner of the untagged twin's bytes: one colour, no caller
 
 
@@ -58,10 +57,10 @@ def redis_stream(events, connection):
 
 def pieces(replies, deliveries):
     """The stream cut at every reply end and delivery end: (owner, taker, bytes, start).
-    taker is the client who received the piece, or NEVER_READ."""
+    taker is the client who received the piece, or None if no borrower did."""
     read_to = deliveries[-1][3] if deliveries else 0
     found = []
-    for taker, _, start, end in deliveries + [(NEVER_READ, None, read_to, sum(len(d) for _, d in replies))]:
+    for taker, _, start, end in deliveries + [(None, None, read_to, sum(len(d) for _, d in replies))]:
         for owner, piece in cut(replies, start, end):
             found.append((owner, taker, piece, start))
             start += len(piece)
@@ -84,8 +83,7 @@ def draw_redis_panel(svg, left, top, rule, note, events, connection, shown, draw
             drawn.add(owner)   # for the legend: a colour only for an owner whose bytes are drawn
         position += len(data)
     parts = pieces(kept, deliveries)
-    strip = [(owner, data, taker not in (owner, NEVER_READ), None if taker == NEVER_READ else taker)
-             for owner, taker, data, _ in parts]
+    strip = [(owner, data, taker not in (owner, None), taker) for owner, taker, data, _ in parts]
     rows = []
     for client, request, start, end in deliveries:
         got = [(owner, data, owner != client) for owner, _, data, at in parts if start <= at < end]
