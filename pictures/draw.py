@@ -369,7 +369,8 @@ def queued(call, abandoned):
 
 
 def dirty_steps(events):
-    """One client's events as steps: (header, what happened, tone, connection, queue, notes).
+    """One client's events as steps: (header, what happened, tone, connection, queue, notes),
+    the notes wrapped to lines of NOTE_WIDTH characters.
 
     A state change is logged before the step it belongs to (the timeout or reply
     that caused it is logged once handled, the connect before the send), so each
@@ -378,9 +379,9 @@ def dirty_steps(events):
     for e in events:
         if isinstance(e, Move):
             if e.after == "up":
-                notes.append("a connection opens")
+                notes.append("a connection opens")   # one line, shorter than NOTE_WIDTH
             elif e.after != "connecting":   # connecting is on the way to up, or to a failure that says why
-                notes.append(f"{e.before} -> {e.after}: {e.reason}")
+                notes += textwrap.wrap(f"{e.before} -> {e.after}: {e.reason}", NOTE_WIDTH)
             continue
         owed = None if e.ended else e.owed
         if e.kind == "sent":
@@ -410,7 +411,7 @@ def draw_dirty_return(recorder):
     left = 16
     steps_per_variant = [(options, dirty_steps(events)) for options, events in variants(recorder)]
     widest = max(max(text_width(header, 12), text_width(what, 12),
-                     *[text_width(line, 11) for note in notes for line in textwrap.wrap(note, NOTE_WIDTH)],
+                     *[text_width(line, 11) for line in notes],
                      sum(text_width(queued(label, abandoned), 12) + 14 for label, abandoned in owed or ()))
                  for _, steps in steps_per_variant for header, what, _, _, owed, notes in steps)
     column = widest + 16 + 30
@@ -418,9 +419,7 @@ def draw_dirty_return(recorder):
         y += 16
         svg.text(left, y, variant_title(late_replies, fatal), 14, INK, bold=True)
         y += 14
-        lines_of_notes = max(len(lines) for lines in [[line for note in step[5]
-                             for line in textwrap.wrap(note, NOTE_WIDTH)] for step in steps])
-        height = 112 + lines_of_notes * 14
+        height = 112 + max(len(notes) for *_, notes in steps) * 14
         for index, (header, what, tone, connection, owed, notes) in enumerate(steps):
             x = left + index * column
             if index:
@@ -443,8 +442,7 @@ def draw_dirty_return(recorder):
                          MUTED, 1, dash="3 3" if abandoned else None, radius=3)
                 svg.text(box_x + 5, y + 82, shown, 12, MUTED if abandoned else INK)
                 box_x += width + 4
-            lines = [line for note in notes for line in textwrap.wrap(note, NOTE_WIDTH)]
-            for number_of_line, line in enumerate(lines):
+            for number_of_line, line in enumerate(notes):
                 svg.text(x + 8, y + 108 + number_of_line * 14, line, 11, MUTED)
         y += height + 20
     svg.legend(left, y + 8, [("a call owed", "#fff8dc", MUTED), ("abandoned: timed out, reply still owed",
