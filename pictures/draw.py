@@ -274,7 +274,7 @@ def draw_pool_panel(svg, y, rule, note, events, shown):
     strip, rows, answered = pool_steps(events, shown)
     caption = "its one upstream connection's stream, as written: each borrower reads on where the last stopped"
     unread = [visible(e.request) for e in events if isinstance(e, Borrowed) and e.k <= shown and e.k not in answered]
-    return borrows(svg, 16, y, rule, note, strip and (caption, strip), rows), unread
+    return borrows(svg, y, rule, note, strip and (caption, strip), rows), unread
 
 
 def draw_release(recorder):

@@ -69,7 +69,7 @@ def pieces(replies, deliveries):
 
 # --- drawing ---------------------------------------------------------------------------
 
-def draw_redis_panel(svg, left, top, rule, note, events, connection, shown, drawn):
+def draw_redis_panel(svg, top, rule, note, events, connection, shown, drawn):
     """The first `shown` borrows of one connection as svg.borrows steps: its stream on
     top, cut where each borrower's read ended, then one row per borrower. Returns the
     panel's bottom."""
@@ -96,7 +96,7 @@ def draw_redis_panel(svg, left, top, rule, note, events, connection, shown, draw
             verdict, tone = f"WRONG: bytes of {', '.join(sorted(owners - {client}))}'s reply", RED
         rows.append((client, request, got, verdict, tone, ""))
     caption = f"what Redis wrote on upstream connection {connection}, reply after reply:"
-    return borrows(svg, left, top, rule, note, (caption, strip), rows)
+    return borrows(svg, top, rule, note, (caption, strip), rows)
 
 
 def draw_redis_line_pool(recorder):
@@ -110,14 +110,14 @@ def draw_redis_line_pool(recorder):
     line_reads = [e for e in line_events if isinstance(e, RedisRead)]
     drawn = set()
     bottom = draw_redis_panel(
-        svg, 16, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
+        svg, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
         "the bytes read past it stay on the connection for the next borrower", line_events, 1,
         len(line_reads), drawn)
     first = line_reads[0]
     svg.text(16, bottom + 4, f"the line framing stopped after {visible(first.reply)}; the rest, "
              f"{visible(first.rest)}, went to the next borrower as its reply", 13, RED, bold=True)
     bottom = draw_redis_panel(
-        svg, 16, bottom + 50, "FramedProxy, framing=RESP: the reply ends where its type byte and length say",
+        svg, bottom + 50, "FramedProxy, framing=RESP: the reply ends where its type byte and length say",
         "client A's four requests one after another through the pool's one connection", resp_events, 1, 4, drawn)
     resp_reads = [e for e in resp_events if isinstance(e, RedisRead)]
     replies, deliveries = redis_stream(resp_events, 1)
@@ -200,7 +200,7 @@ def draw_results(svg, y, events, owners):
             right = outcome == tcp_proxy.answer(line)
             rows.append((caller, line, [(caller, outcome, not right)], "its own reply" if right else "WRONG",
                          GREEN if right else RED, ""))
-    return borrows(svg, 16, y, "what each call returned", "call() returns the reply that carries its own id",
+    return borrows(svg, y, "what each call returned", "call() returns the reply that carries its own id",
                    None, rows)
 
 

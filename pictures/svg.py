@@ -93,12 +93,12 @@ class Svg:
         self.parts.append(f'<text x="{number(x)}" y="{number(y)}" font-size="{size}" '
                           f'fill="{fill}"{anchor_attribute}{weight}>{escape(content)}</text>')
 
-    def bytes_box(self, x, y, data, owner, size=13, wrong=False, height=24):
-        """A box holding bytes as a label, filled with their owner's colour; returns its width."""
+    def bytes_box(self, x, y, data, owner, size=13, wrong=False):
+        """A box 24 high holding bytes as a label, filled with their owner's colour; returns its width."""
         fill, stroke = colours(owner)
         width = text_width(visible(data), size) + 10
-        self.rect(x, y, width, height, fill, RED if wrong else stroke, 2.5 if wrong else 1, radius=3)
-        self.text(x + 5, y + height / 2 + size * 0.35, visible(data), size, INK)
+        self.rect(x, y, width, 24, fill, RED if wrong else stroke, 2.5 if wrong else 1, radius=3)
+        self.text(x + 5, y + 12 + size * 0.35, visible(data), size, INK)
         return width
 
     def legend(self, x, y, entries, size=12):
@@ -183,7 +183,7 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
     return bottom
 
 
-def borrows(svg, left, top, rule, note, strip, rows):
+def borrows(svg, top, rule, note, strip, rows, left=16):
     """A pool's borrows as steps, from `top`; returns the bottom.
 
     The rule and a note; then, if `strip` is (caption, pieces), one connection's stream
