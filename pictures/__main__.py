@@ -17,16 +17,7 @@ def main(argv=None):
         svgs.update(draw.render_all(pictures=draw_part3.PICTURES))
     else:
         print(redis_server.INSTALL_HINT)
-    stale = []
-    for name, svg in svgs.items():
-        path = draw.PICTURES_DIR / name
-        if options.check and (not path.exists() or path.read_text(encoding="utf-8") != svg):
-            stale.append(name)
-        elif not options.check:
-            path.write_text(svg, encoding="utf-8")
-            print(f"wrote pictures/{name}")
-    for name in stale:
-        print(f"pictures/{name} differs from what the scenario draws now: run `make pictures`")
+    stale = draw.save(svgs, options.check)
     return 1 if stale or not redis_server.redis_available() else 0
 
 

@@ -6,13 +6,15 @@
 Nothing is drawn by hand: each picture draws the events pictures.record heard while
 its scenario ran, unchanged, so a change to what a scenario does changes its
 picture, and test_pictures.py (which draws them afresh) fails. No picture shows a
-time, a port or an id; Part two's times are the virtual clock's.
+time, a port or an id; Part two's times are the virtual clock's. Two layouts are
+shared (pictures.svg): sequence() draws lanes and arrows, borrows() a pool's
+borrows as steps.
 
     interleave.svg        scenario 1 as a byte strip
     headline.svg          scenario 2 as a sequence diagram
-    release.svg           scenario 6, framed above timeout, borrow by borrow (a timeline)
-    dishonest.svg         scenario 9: TrustingPool's stream as a queue, FramedProxy's timeline
-    dirty-return.svg      Part two's 1: the owed queue under three rules (steps)
+    release.svg           scenario 6, framed above timeout, borrow by borrow (borrows)
+    dishonest.svg         scenario 9, TrustingPool above FramedProxy, borrow by borrow (borrows)
+    dirty-return.svg      Part two's 1: the owed queue under three rules, step by step
     failover-windows.svg  Part two's 4 on the virtual clock's axis (a timeline)
 """
 import textwrap
@@ -24,8 +26,8 @@ from pictures.record import (Attempt, Borrowed, Checkin, Disabled, Enabled, Forw
                              Parsed, Partial, Read, Received, Replied, Routed, Sent, Service, SetCall,
                              SetMade, SetShutDown, Step, Trial, TrialEnd, Wrote, record_managed,
                              record_naive_relay, record_pool)
-from pictures.svg import (GREEN, INK, MUTED, FAINT, RED, RED_FILL, UPSTREAM_COLOURS, Svg, coalesce, colours,
-                          cut, heading, owners_of, text_width, visible)
+from pictures.svg import (GREEN, INK, MUTED, FAINT, RED, RED_FILL, Svg, coalesce, colours, cut,
+                          borrows, heading, sequence, owners_of, text_width, visible)
 from tcp_proxy import answer
 
 HERE = Path(__file__).parent.parent   # the project's root
@@ -149,8 +151,6 @@ def draw_headline(recorder):
     y = heading(svg, [title, "NaiveProxy shares one upstream socket and routes every reply to `last`, "
                              "the client that wrote most recently"])
     lanes = {"A": 90, "B": 300, "NaiveProxy": 570, "Upstream": 830}
-    notes_x = lanes["Upstream"] + 70
-    row = 34
     rows = []   # (kind, ...) per row, drawn below
     for event in recorder.events:
         if isinstance(event, Sent):
@@ -158,10 +158,10 @@ def draw_headline(recorder):
         elif isinstance(event, Forwarded):
             rows.append(("arrow", "NaiveProxy", "Upstream", event.data, event.client, False, ""))
         elif isinstance(event, Last):
-            rows.append(("note", "NaiveProxy", f"last = {event.client}", event.client, False))
+            rows.append(("note", "NaiveProxy", f"last = {event.client}", event.client, False, ""))
     gates = {e.gate for e in recorder.of(Replied)}
     for gate in sorted(gates - {0}):
-        rows.append(("note", "Upstream", f"gate: replies held until {gate} requests are in", None, False))
+        rows.append(("note", "Upstream", f"gate: replies held until {gate} requests are in", None, False, ""))
     routing = {e.routing for e in recorder.of(Routed)}
     how = "routed to last = {}" if routing == {"last"} else "routed to {} (routing: " + "/".join(sorted(routing)) + ")"
     for (reply, pieces), requesters in zip(deliveries(recorder), (senders for _, senders in request_owners(recorder))):
@@ -173,35 +173,8 @@ def draw_headline(recorder):
                          how.format(client) + (f": {asked} asked for it" if wrong else "")))
     for name, data in ((e.client, e.data) for e in recorder.of(Received)):
         expected = b"".join(answer(line) for line in lines_sent(recorder, name))
-        rows.append(("note", name, f"{name} received {len(data)} bytes", name, data != expected))
-    top = y + 30
-    bottom = top + row * (len(rows) + 1)
-    for lane, x in lanes.items():
-        fill, stroke = colours(lane)
-        svg.rect(x - 55, top - 26, 110, 26, fill, stroke, 1.5, radius=4)
-        svg.text(x, top - 8, lane, 13, INK, "middle", bold=True)
-        svg.line(x, top, x, bottom, FAINT, 1.5, dash="4 4")
-    for index, drawn in enumerate(rows):
-        y_row = top + row * (index + 1)
-        if drawn[0] == "arrow":
-            _, source, target, data, owner, wrong, remark = drawn
-            x1, x2 = lanes[source], lanes[target]
-            tone = RED if wrong else colours(owner)[1]
-            svg.arrow(x1, y_row, x2, y_row, tone, 2.5 if wrong else 1.5)
-            label = visible(data)
-            label_x = min(x1, x2) + 12
-            svg.rect(label_x - 3, y_row - 20, text_width(label, 13) + 6, 17, "#ffffff")
-            svg.text(label_x, y_row - 6, label, 13, RED if wrong else INK, bold=wrong)
-            if remark:
-                svg.text(notes_x, y_row + 4, remark, 12, RED if wrong else MUTED, bold=wrong)
-        else:
-            _, lane, label, owner, wrong = drawn
-            x = lanes[lane]
-            width = text_width(label, 12) + 14
-            fill, stroke = colours(owner) if owner else UPSTREAM_COLOURS
-            svg.rect(x - width / 2, y_row - 15, width, 22, RED_FILL if wrong else fill,
-                     RED if wrong else stroke, 2 if wrong else 1, radius=3)
-            svg.text(x, y_row + 1, label, 12, RED if wrong else INK, "middle", bold=True)
+        rows.append(("note", name, f"{name} received {len(data)} bytes", name, data != expected, ""))
+    bottom = sequence(svg, y + 30, lanes, rows, lanes["Upstream"] + 70)
     svg.legend(16, bottom + 30, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
                                   ("red: written to a client that did not ask for it", RED_FILL, RED)])
     return svg
@@ -219,23 +192,18 @@ def record_release():
                        score=demo.right_of)
 
 
-KIND_ORDER = {Borrowed: 0, Wrote: 1, Partial: 2, Read: 3, Checkin: 4}
+POOL_EVENTS = (Borrowed, Wrote, Partial, Read, Checkin)
 
 
-def trials(recorder, by_kind=False):
-    """{trial label: (its events sorted by exchange, stably, result)}.
-
-    by_kind: within an exchange, draw borrow, write, read, checkin in that order,
-    which is always a causal order; use it when the upstream's write and the
-    proxy's read can race (a read served from leftover bytes waits for no write)."""
+def trials(recorder):
+    """{trial label: (its events sorted by exchange, stably, result)}."""
     found, current = {}, None
     for event in recorder.events:
         if isinstance(event, Trial):
             current = []
         elif isinstance(event, TrialEnd):
-            key = (lambda e: (e.k, KIND_ORDER[type(e)])) if by_kind else (lambda e: e.k)
-            found[event.label] = (sorted(current, key=key), event.result)
-        elif current is not None and type(event) in KIND_ORDER:
+            found[event.label] = (sorted(current, key=lambda e: e.k), event.result)
+        elif current is not None and isinstance(event, POOL_EVENTS):
             current.append(event)
     return found
 
@@ -250,111 +218,43 @@ def owned_writes(events):
 
 
 def pieces_of(writes, connection, start, end):
-    """The (owner, bytes, (write index, part), exchange) pieces of connection's stream bytes start..end."""
-    chunks = [((owner, (index, part), exchange), data) for index, (exchange, on, parts) in enumerate(writes)
-              if on == connection for part, (owner, data) in enumerate(parts)]
-    return [(owner, piece, where, exchange) for (owner, where, exchange), piece in cut(chunks, start, end)]
+    """The (owner, bytes, exchange) pieces of connection's stream bytes start..end."""
+    chunks = [((owner, exchange), data) for exchange, on, parts in writes if on == connection for owner, data in parts]
+    return [(owner, piece, exchange) for (owner, exchange), piece in cut(chunks, start, end)]
 
 
-CHECKIN_LABELS = {"released": "checkin", "dirty": "closed as dirty", "discarded": "closed"}
+CHECKIN_LABELS = {"released": "then checkin", "dirty": "then closed as dirty", "discarded": "then closed"}
 
 
-def draw_pool_panel(svg, left, top, rule, events, shown_exchanges):
-    """One trial as a timeline running down the page, from `top`; returns its bottom.
-
-    Columns: what the upstream writes, who holds the connection, what the borrower
-    gets. Bytes are coloured by the client whose request they answer; bytes a borrower
-    gets that answer another request (or none) are outlined in red, with an arrow
-    from the write that carried them, run along the write's row and down onto them,
-    clear of the labels in the connection's column."""
+def pool_steps(events, shown):
+    """A trial's first `shown` borrows for svg.borrows: (its connection's stream if it
+    used only one, else None; a row per borrow; the exchanges whose answer a borrower
+    read). A piece a borrower gets is wrong if it answers another request, or none."""
     requests = {e.k: e.request for e in events if isinstance(e, Borrowed)}
+    partial = {e.k for e in events if isinstance(e, Partial)}
+    checkins = {e.k: e for e in events if isinstance(e, Checkin)}
     writes = owned_writes(events)
-    # A write no borrower read a byte of is left out: the trial ended before it mattered,
-    # and whether it was written before the upstream closed is up to the scheduler.
-    read_writes, consumed = set(), {}
-    for read in (e for e in events if isinstance(e, Read)):
-        start = consumed.get(read.connection, 0)
-        consumed[read.connection] = start + len(read.reply)
-        read_writes.update(index for _, _, (index, _), _ in pieces_of(writes, read.connection, start,
-                                                                      start + len(read.reply)))
-    several = len({e.connection for e in events if isinstance(e, Borrowed)}) > 1
-    columns = {"upstream": left, "connection": left + 250, "gets": left + 470}
-    svg.text(left, top, rule, 14, INK, bold=True)
-    for name, label in (("upstream", "the upstream writes"), ("connection", "the connection"),
-                        ("gets", "the borrower gets")):
-        svg.text(columns[name], top + 26, label, 12, MUTED)
-    y = top + 34
-    first_part = len(svg.parts)   # the red arrows go under everything in the panel
-    write_index, read_at, write_ends, lease_top = 0, {}, {}, {}
-    silence_from, arrows = None, []
-    write_numbers = iter(range(len(writes)))
-    for event in (e for e in events if e.k <= shown_exchanges):
-        kind, k = type(event), event.k
-        if kind is Wrote and next(write_numbers) not in read_writes:
-            write_index += 1
-            continue
-        y += 30
-        if kind is Borrowed:
-            client, request, connection = event.client, event.request, event.connection
-            lease_top[k] = y - 18
-            label = f"lent to {client}: {visible(request)}"
-            svg.rect(columns["connection"] + 10, y - 14, text_width(label, 12) + 4, 18, "#ffffff")
-            svg.text(columns["connection"] + 12, y, label, 12, INK)
-            if several:
-                svg.text(columns["connection"] + 12, y + 14, f"connection {connection}", 11, MUTED)
-                y += 10
-        elif kind is Wrote:
-            if event.part == "rest" and silence_from is not None:
-                svg.line(columns["upstream"] + 10, silence_from, columns["upstream"] + 10, y - 20,
-                         MUTED, 1.5, dash="3 4")
-                svg.text(columns["upstream"] + 18, (silence_from + y - 20) / 2 + 4, "silence: the pause",
-                         12, MUTED)
-                silence_from = None
-            x = columns["upstream"]
-            for part, (owner, data) in enumerate(writes[write_index][2]):
-                x += svg.bytes_box(x, y - 17, data, owner, 12, wrong=owner == NOBODY) + 2
-                write_ends[write_index, part] = (x, y - 5)
-            silence_from = y + 9 if event.part == "first" else None
-            write_index += 1
-        elif kind is Partial:
-            svg.text(columns["connection"] + 12, y, "no end of reply yet: reads on", 12, MUTED)
-        elif kind is Read:
-            client, reply, connection = event.client, event.reply, event.connection
-            start = read_at.get(connection, 0)
-            read_at[connection] = start + len(reply)
-            x = columns["gets"]
-            svg.text(x, y, f"{client}:", 12, INK, bold=True)
-            x += 30
-            for owner, piece, index, exchange in pieces_of(writes, connection, start, start + len(reply)):
-                stale = owner == NOBODY or exchange != k   # bytes of another request's answer, or of none
-                if stale:
-                    arrows.append((write_ends[index], (x, y - 5)))
-                x += svg.bytes_box(x, y - 17, piece, owner, 12, wrong=stale) + 2
-            right = reply == answer(requests[k].rstrip(b"\n"))
-            svg.text(x + 8, y, "right" if right else "wrong", 12, GREEN if right else RED, bold=True)
-        elif kind is Checkin:
-            client, outcome, connection = event.client, event.outcome, event.connection
-            stroke = colours(client)[1]
-            svg.rect(columns["connection"], lease_top[k], 6, y - 14 - lease_top[k], stroke, stroke)
-            svg.line(columns["connection"], y - 6, columns["connection"] + 200, y - 6, stroke, 2)
-            svg.text(columns["connection"] + 12, y + 8, CHECKIN_LABELS.get(outcome, outcome), 12, stroke,
-                     bold=True)
-            unread = len(b"".join(piece for _, piece, _, _ in pieces_of(writes, connection, 0, 1 << 30))) - \
-                read_at.get(connection, 0)
-            if outcome != "released" and unread:
-                svg.text(columns["connection"] + 12, y + 22, f"with {unread} bytes never read", 11, MUTED)
-                y += 14
-            y += 8
-    with svg.behind(first_part):
-        for (x1, y1), (x2, y2) in arrows:
-            svg.line(x1 + 2, y1, x2 + 12, y1, RED, 2)
-            svg.arrow(x2 + 12, y1, x2 + 12, y2 - 13, RED, 2)
-    answered = {writes[index][0] for index in read_writes}
-    unread = [visible(requests[k]) for k in sorted(requests) if k <= shown_exchanges and k not in answered]
-    if unread:
-        y += 30
-        svg.text(left, y, f"no borrower read the answers to {', '.join(unread)}: not drawn", 12, MUTED)
-    return y
+    one_connection = len({e.connection for e in checkins.values()}) == 1
+    strip, rows, read_at, answered = [], [], {}, set()
+    for read in (e for e in events if isinstance(e, Read) and e.k <= shown):
+        start = read_at.get(read.connection, 0)
+        end = start + len(read.reply)
+        read_at[read.connection] = end
+        pieces = pieces_of(writes, read.connection, start, end)
+        got = [(owner, piece, owner == NOBODY or exchange != read.k) for owner, piece, exchange in pieces]
+        strip += [(owner, piece, wrong, read.client) for owner, piece, wrong in got]
+        answered.update(exchange for owner, _, exchange in pieces if owner != NOBODY)
+        right = read.reply == answer(requests[read.k].rstrip(b"\n"))
+        after = CHECKIN_LABELS[checkins[read.k].outcome]
+        if read.k in partial:
+            after = "read on after its first part; " + after
+        written = sum(len(piece) for _, piece, _ in pieces_of(writes, read.connection, 0, 1 << 30))
+        if checkins[read.k].outcome != "released" and written > end:
+            after += f", {written - end} bytes never read"
+        if not one_connection:
+            after += f" (connection {read.connection})"
+        rows.append((read.client, requests[read.k], got, "right" if right else "wrong", GREEN if right else RED, after))
+    return strip if one_connection else None, rows, answered
 
 
 def tally(events):
@@ -366,6 +266,15 @@ def tally(events):
                  for (client, _), reply in reads)
     dirty = sum(e.outcome == "dirty" for e in events if isinstance(e, Checkin))
     return right, others, dirty, len({e.connection for e in events if isinstance(e, Borrowed)}), len(asked)
+
+
+def draw_pool_panel(svg, y, rule, note, events, shown):
+    """A trial's first `shown` borrows as svg.borrows steps; returns (the bottom, the
+    requests sent on whose answers no borrower read a byte)."""
+    strip, rows, answered = pool_steps(events, shown)
+    caption = "its one upstream connection's stream, as written: each borrower reads on where the last stopped"
+    unread = [visible(e.request) for e in events if isinstance(e, Borrowed) and e.k <= shown and e.k not in answered]
+    return borrows(svg, y, rule, note, strip and (caption, strip), rows), unread
 
 
 def draw_release(recorder):
@@ -381,13 +290,13 @@ def draw_release(recorder):
         else:
             timeout = next(e.timeout for e in events if isinstance(e, Checkin))
             rule = f'release="timeout": it goes back after {timeout}s of silence'
-        y = draw_pool_panel(svg, 16, y + 10, rule, events, SHOWN_EXCHANGES) + 36
         total = tally(events)[4]
-        svg.text(16, y, f"right: {right}/{total}   (the first {SHOWN_EXCHANGES} of {total} borrowers drawn)", 13,
-                 GREEN if right == total else RED, bold=True)
-        y += 30
+        note = f"the first {SHOWN_EXCHANGES} of its {total} borrows; the upstream pauses after each reply's first part"
+        y = draw_pool_panel(svg, y + 10, rule, note, events, SHOWN_EXCHANGES)[0] + 4
+        svg.text(16, y, f"right: {right}/{total}", 13, GREEN if right == total else RED, bold=True)
+        y += 40
     svg.legend(16, y, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")), ("C's bytes", *colours("C")),
-                       ("red: bytes of another client's answer", RED_FILL, RED)])
+                       ("red outline: bytes of another client's answer", "#ffffff", RED)])
     return svg
 
 
@@ -395,60 +304,26 @@ def record_dishonest():
     return record_pool(demo.dishonest, "dishonest_trial", lambda pool_class: pool_class.__name__)
 
 
-def draw_queue_panel(svg, left, top, rule, events):
-    """A trial on one connection as its stream, one queue of lines top to bottom in the
-    order written, beside each line the borrower that took it next; returns the bottom."""
-    requests = {e.k: e.request for e in events if isinstance(e, Borrowed)}
-    writes = owned_writes(events)
-    svg.text(left, top, rule, 14, INK, bold=True)
-    svg.text(left, top + 26, "its one connection's stream, line after line: each borrower takes the next", 12, MUTED)
-    y, position = top + 34, 0
-    for read in (e for e in events if isinstance(e, Read)):
-        y += 30
-        x = left + 16
-        for owner, piece, _, exchange in pieces_of(writes, read.connection, position, position + len(read.reply)):
-            x += svg.bytes_box(x, y - 17, piece, owner, 12, wrong=owner == NOBODY or exchange != read.k) + 2
-        position += len(read.reply)
-        right = read.reply == answer(requests[read.k].rstrip(b"\n"))
-        svg.arrow(left + 200, y - 5, left + 236, y - 5, GREEN if right else RED, 1.5, head=6)
-        label = f"to {read.client}, who asked {visible(requests[read.k])}:"
-        svg.text(left + 244, y, label, 12, INK)
-        svg.text(left + 250 + text_width(label, 12), y, "right" if right else "wrong", 12,
-                 GREEN if right else RED, bold=True)
-    svg.arrow(left + 4, top + 46, left + 4, y + 6, MUTED, 1.5, head=6)   # the stream runs down the page
-    connection = events[0].connection
-    answered = {exchange for owner, _, _, exchange in pieces_of(writes, connection, 0, position) if owner != NOBODY}
-    unread = [visible(requests[k]) for k in sorted(requests) if k not in answered]
-    if unread:
-        svg.text(left, y + 30, "queued behind them, never read:", 12, MUTED)
-        y += 48
-        svg.text(left, y, f"the answers to {', '.join(unread)}", 12, MUTED)
-    return y
-
-
 def draw_dishonest(recorder):
     title = "Scenario 9: an upstream that says one line nobody asked for"
     svg = Svg(title)
-    found = trials(recorder, by_kind=True)
+    found = trials(recorder)
     extra = {e.data[len(e.honest):] for e in recorder.of(Wrote)} - {b""}
     y = heading(svg, [title, f"the upstream follows every reply with {' '.join(map(visible, sorted(extra)))} "
                              "in the same write; A and B take turns through a pool of one connection"])
-    bottoms = []
-    for index, (label, (events, _)) in enumerate(found.items()):
+    for label, (events, _) in found.items():
         rule = {"TrustingPool": "TrustingPool: keeps the bytes past a reply for the next borrower",
                 "FramedProxy": "FramedProxy: closes a connection with bytes past a reply"}.get(label, label)
-        panel = draw_queue_panel if label == "TrustingPool" else draw_pool_panel
-        bottom = panel(svg, 16 + index * 640, y + 10, rule, events, *[len(events)][:index]) + 36
         right, others, dirty, connections, borrows = tally(events)
-        tone = GREEN if right == borrows else RED
-        svg.text(16 + index * 640, bottom, f"right {right}/{borrows}   another client's answer {others}", 13,
-                 tone, bold=True)
-        svg.text(16 + index * 640, bottom + 20, f"dirty connections closed {dirty}   "
-                 f"upstream connections opened {connections}", 13, INK)
-        bottoms.append(bottom + 20)
-    svg.legend(16, max(bottoms) + 30, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
-                                        ("red fill: the line nobody asked for", *colours(NOBODY)),
-                                        ("red outline: not the answer to this request", "#ffffff", RED)])
+        note = f"right {right}/{borrows}   another client's answer {others}   dirty connections closed {dirty}   " \
+               f"upstream connections opened {connections}"
+        y, unread = draw_pool_panel(svg, y + 10, rule, note, events, borrows)
+        if unread:
+            svg.text(16, y, f"queued behind them, never read: the answers to {', '.join(unread)}", 12, MUTED)
+        y += 36
+    svg.legend(16, y, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
+                       ("red fill: the line nobody asked for", *colours(NOBODY)),
+                       ("red outline: not the answer to this request", "#ffffff", RED)])
     return svg
 
 
@@ -494,7 +369,8 @@ def queued(call, abandoned):
 
 
 def dirty_steps(events):
-    """One client's events as steps: (header, what happened, tone, connection, queue, notes).
+    """One client's events as steps: (header, what happened, tone, connection, queue, notes),
+    the notes wrapped to lines of NOTE_WIDTH characters.
 
     A state change is logged before the step it belongs to (the timeout or reply
     that caused it is logged once handled, the connect before the send), so each
@@ -503,9 +379,9 @@ def dirty_steps(events):
     for e in events:
         if isinstance(e, Move):
             if e.after == "up":
-                notes.append("a connection opens")
+                notes.append("a connection opens")   # one line, shorter than NOTE_WIDTH
             elif e.after != "connecting":   # connecting is on the way to up, or to a failure that says why
-                notes.append(f"{e.before} -> {e.after}: {e.reason}")
+                notes += textwrap.wrap(f"{e.before} -> {e.after}: {e.reason}", NOTE_WIDTH)
             continue
         owed = None if e.ended else e.owed
         if e.kind == "sent":
@@ -535,7 +411,7 @@ def draw_dirty_return(recorder):
     left = 16
     steps_per_variant = [(options, dirty_steps(events)) for options, events in variants(recorder)]
     widest = max(max(text_width(header, 12), text_width(what, 12),
-                     *[text_width(line, 11) for note in notes for line in textwrap.wrap(note, NOTE_WIDTH)],
+                     *[text_width(line, 11) for line in notes],
                      sum(text_width(queued(label, abandoned), 12) + 14 for label, abandoned in owed or ()))
                  for _, steps in steps_per_variant for header, what, _, _, owed, notes in steps)
     column = widest + 16 + 30
@@ -543,9 +419,7 @@ def draw_dirty_return(recorder):
         y += 16
         svg.text(left, y, variant_title(late_replies, fatal), 14, INK, bold=True)
         y += 14
-        lines_of_notes = max(len(lines) for lines in [[line for note in step[5]
-                             for line in textwrap.wrap(note, NOTE_WIDTH)] for step in steps])
-        height = 112 + lines_of_notes * 14
+        height = 112 + max(len(notes) for *_, notes in steps) * 14
         for index, (header, what, tone, connection, owed, notes) in enumerate(steps):
             x = left + index * column
             if index:
@@ -568,8 +442,7 @@ def draw_dirty_return(recorder):
                          MUTED, 1, dash="3 3" if abandoned else None, radius=3)
                 svg.text(box_x + 5, y + 82, shown, 12, MUTED if abandoned else INK)
                 box_x += width + 4
-            lines = [line for note in notes for line in textwrap.wrap(note, NOTE_WIDTH)]
-            for number_of_line, line in enumerate(lines):
+            for number_of_line, line in enumerate(notes):
                 svg.text(x + 8, y + 108 + number_of_line * 14, line, 11, MUTED)
         y += height + 20
     svg.legend(left, y + 8, [("a call owed", "#fff8dc", MUTED), ("abandoned: timed out, reply still owed",
@@ -687,3 +560,17 @@ def render_all(runs=None, pictures=None):
     """Draw every picture from `runs` (record_all() if not given): {file name: SVG text}."""
     runs = runs or record_all(pictures)
     return {name: draw(runs[name][0]).render() for name, (_, draw) in (pictures or PICTURES).items()}
+
+
+def save(svgs, check, remedy="make pictures"):
+    """Write each {file name: SVG text} to pictures/, or with `check` write nothing and
+    say which differ from it; returns how many differ."""
+    stale = [name for name in svgs if check and (not (PICTURES_DIR / name).exists() or
+                                                  (PICTURES_DIR / name).read_text(encoding="utf-8") != svgs[name])]
+    for name, svg in svgs.items():
+        if not check:
+            (PICTURES_DIR / name).write_text(svg, encoding="utf-8")
+            print(f"wrote pictures/{name}")
+    for name in stale:
+        print(f"pictures/{name} differs from what the scenario draws now: run `{remedy}` and look at it")
+    return len(stale)

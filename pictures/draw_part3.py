@@ -1,10 +1,10 @@
 """pictures.draw_part3: Part three's pictures, drawn from the scenarios' own runs, as
 pictures/draw.py draws the others (`python3 -m pictures` draws them all).
 
-    part3-redis-line-pool.svg       a byte strip per pool: TrustingPool (lines) against FramedProxy (RESP)
+    part3-redis-line-pool.svg       borrows: TrustingPool framing by line, then FramedProxy by RESP
     part3-tagged-out-of-order.svg   a sequence: ids going up, replies back in another order, each to its caller
-    part3-head-of-line.svg          a held key with ids (the fast replies pass it) against the untagged twin
-    part3-late-reply.svg            a call gives up; its late reply is dropped by id, the connection serves on
+    part3-head-of-line.svg          sequences: a held key with ids (the fast replies pass it), the untagged twin
+    part3-late-reply.svg            a sequence: a call gives up, its late reply dropped by id, the connection serving on
 
 A pool of one connection lends it to one borrower at a time, so the order of the
 reads is the order the borrowers held it; Redis answers one connection's commands
@@ -12,12 +12,10 @@ in order, so the n-th reply on a connection answers the n-th request sent on it.
 """
 from pictures.record import (Connected, Dropped, Got, RedisRead, Recv, Returned, Scenario, TaggedSent, Timeout,
                              UpstreamRead, UpstreamReady, UpstreamWrote, record_redis_pools, record_tagged)
-from pictures.svg import cut, GREEN, INK, MUTED, RED, RED_FILL, Svg, colours, heading, text_width, visible
+from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, Svg, borrows, colours, cut, heading, sequence, visible
 from part3 import resp, tagged
 import tcp_proxy
 
-FAINT_LANE = "#cccccc"     # a lifeline
-NEVER_READ = "never read"   # the taker of stream bytes no borrower took
 UPSTREAM = "upstream"       # the owner of the untagged twin's bytes: one colour, no caller
 
 
@@ -59,10 +57,10 @@ def redis_stream(events, connection):
 
 def pieces(replies, deliveries):
     """The stream cut at every reply end and delivery end: (owner, taker, bytes, start).
-    taker is the client who received the piece, or NEVER_READ."""
+    taker is the client who received the piece, or None if no borrower did."""
     read_to = deliveries[-1][3] if deliveries else 0
     found = []
-    for taker, _, start, end in deliveries + [(NEVER_READ, None, read_to, sum(len(d) for _, d in replies))]:
+    for taker, _, start, end in deliveries + [(None, None, read_to, sum(len(d) for _, d in replies))]:
         for owner, piece in cut(replies, start, end):
             found.append((owner, taker, piece, start))
             start += len(piece)
@@ -71,9 +69,10 @@ def pieces(replies, deliveries):
 
 # --- drawing ---------------------------------------------------------------------------
 
-def draw_redis_panel(svg, left, top, rule, note, events, connection, shown, drawn):
-    """The first `shown` borrows of one connection: its stream on top, cut where each
-    borrower's read ended, then one row per borrower. Returns the panel's bottom."""
+def draw_redis_panel(svg, top, rule, note, events, connection, shown, drawn):
+    """The first `shown` borrows of one connection as svg.borrows steps: its stream on
+    top, cut where each borrower's read ended, then one row per borrower. Returns the
+    panel's bottom."""
     replies, deliveries = redis_stream(events, connection)
     deliveries = deliveries[:shown]
     shown_end = deliveries[-1][3]
@@ -83,43 +82,21 @@ def draw_redis_panel(svg, left, top, rule, note, events, connection, shown, draw
             kept.append((owner, data))
             drawn.add(owner)   # for the legend: a colour only for an owner whose bytes are drawn
         position += len(data)
-    svg.text(left, top, rule, 14, INK, bold=True)
-    svg.text(left, top + 18, note, 12, MUTED)
-    y = top + 46
-    svg.text(left, y, f"what Redis wrote on upstream connection {connection}, reply after reply:", 12, MUTED)
-    y += 10
-    x = left
     parts = pieces(kept, deliveries)
-    for owner, taker, data, _ in parts:
-        stolen = taker not in (owner, NEVER_READ)
-        width = svg.bytes_box(x, y, data, owner, 13, wrong=stolen)
-        tone = RED if stolen else (MUTED if taker == NEVER_READ else colours(taker)[1])
-        label = "unread" if taker == NEVER_READ else f"to {taker}"
-        svg.text(x + width / 2, y + 42, label, 12, tone, anchor="middle", bold=stolen)
-        svg.line(x + width / 2, y + 26, x + width / 2, y + 30, tone, 1.5)
-        x += width + 4
-    y += 76
-    request_width = max(len(visible(request)) for _, request, _, _ in deliveries)
+    strip = [(owner, data, taker not in (owner, None), taker) for owner, taker, data, _ in parts]
+    rows = []
     for client, request, start, end in deliveries:
-        got = [(owner, data) for owner, _, data, at in parts if start <= at < end]
-        owners = {owner for owner, _ in got}
-        whole = any(data == b"".join(d for _, d in got) for o, data in kept if o == client)
-        label = f"{client} sent {visible(request):<{request_width}}"
-        svg.text(left, y, label, 13, INK)
-        x = left + text_width(label, 13) + 8
-        svg.text(x, y, "got", 13, MUTED)
-        x += text_width("got", 13) + 8
-        for owner, data in got:
-            x += svg.bytes_box(x, y - 17, data, owner, 13, wrong=owner != client) + 2
-        if whole:
+        got = [(owner, data, owner != client) for owner, _, data, at in parts if start <= at < end]
+        owners = {owner for owner, _, _ in got}
+        if any(data == b"".join(d for _, d, _ in got) for o, data in kept if o == client):
             verdict, tone = "its whole reply", GREEN
         elif owners == {client}:
             verdict, tone = "cut: only the first line of its reply", RED
         else:
             verdict, tone = f"WRONG: bytes of {', '.join(sorted(owners - {client}))}'s reply", RED
-        svg.text(x + 10, y, verdict, 13, tone, bold=True)
-        y += 32
-    return y
+        rows.append((client, request, got, verdict, tone, ""))
+    caption = f"what Redis wrote on upstream connection {connection}, reply after reply:"
+    return borrows(svg, top, rule, note, (caption, strip), rows)
 
 
 def draw_redis_line_pool(recorder):
@@ -133,14 +110,14 @@ def draw_redis_line_pool(recorder):
     line_reads = [e for e in line_events if isinstance(e, RedisRead)]
     drawn = set()
     bottom = draw_redis_panel(
-        svg, 16, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
+        svg, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
         "the bytes read past it stay on the connection for the next borrower", line_events, 1,
         len(line_reads), drawn)
     first = line_reads[0]
     svg.text(16, bottom + 4, f"the line framing stopped after {visible(first.reply)}; the rest, "
              f"{visible(first.rest)}, went to the next borrower as its reply", 13, RED, bold=True)
     bottom = draw_redis_panel(
-        svg, 16, bottom + 50, "FramedProxy, framing=RESP: the reply ends where its type byte and length say",
+        svg, bottom + 50, "FramedProxy, framing=RESP: the reply ends where its type byte and length say",
         "client A's four requests one after another through the pool's one connection", resp_events, 1, 4, drawn)
     resp_reads = [e for e in resp_events if isinstance(e, RedisRead)]
     replies, deliveries = redis_stream(resp_events, 1)
@@ -166,11 +143,11 @@ def callers_by_id(events):
     return found
 
 
-def draw_tagged_sequence(svg, top, events, upstream_label="TaggedUpstream", sends_first=False):
-    """Callers' lifelines on the left, the upstream's on the right, one row per request
-    sent, call given up, and reply taken by the client's reader, down the page in the
-    order they were logged. A reply whose id belongs to a call that gave up is drawn in
-    red, stopping at the client. Returns (bottom, the reply ids in wire order, {id: (caller, line)}).
+def tagged_rows(events, sends_first=False):
+    """The rows of a sequence diagram (svg.sequence) for one TaggedClient's scenario:
+    each request sent, call given up and reply taken by the client's reader, in the
+    order they were logged; a reply whose id belongs to a call that gave up goes to the
+    client, in red. Returns (the lanes, the rows, the reply ids in wire order, {id: (caller, line)}).
 
     sends_first: every request first, then every reply, each in its own thread's order;
     for a scenario whose hooks leave the scheduler to choose whether a quick reply comes
@@ -181,74 +158,50 @@ def draw_tagged_sequence(svg, top, events, upstream_label="TaggedUpstream", send
     owners = callers_by_id(events)
     gave_up = {e.caller for e in events if isinstance(e, Timeout)}
     names = sorted({caller for caller, _ in owners.values()})
-    lane = {name: 40 + index * 90 for index, name in enumerate(names)}
-    client_x = lane[names[-1]] + 50      # where the client's reader stands
-    upstream_x = lane[names[-1]] + 660
-    label_x = client_x + 20
-    for name in names:
-        svg.text(lane[name], top, f"caller {name}", 13, colours(name)[1], anchor="middle", bold=True)
-    svg.text(upstream_x, top, upstream_label, 13, INK, anchor="middle", bold=True)
-    svg.text((client_x + upstream_x) / 2, top, "one TaggedClient connection", 12, MUTED, anchor="middle")
-    y = top + 30
-    rows_top = y - 12
-    wire_order = []
+    lanes = {name: 100 + index * 130 for index, name in enumerate(names)}
+    lanes.update(TaggedClient=lanes[names[-1]] + 150, TaggedUpstream=lanes[names[-1]] + 380)
+    rows, wire_order = [], []
     for event in events:
         if isinstance(event, TaggedSent):
-            caller, data = event
-            y += 38
-            svg.arrow(lane[caller] + 6, y, upstream_x - 6, y, colours(caller)[1], 1.5)
-            svg.bytes_box(label_x, y - 30, data, caller, 13)
+            rows.append(("arrow", event.caller, "TaggedUpstream", event.data, event.caller, False, ""))
         elif isinstance(event, Timeout):
-            caller = event.caller
-            y += 30
-            label = f"{caller} gives up: CallTimeout; its id is abandoned, not reused"
-            svg.rect(lane[caller] + 6, y - 15, text_width(label, 13) + 8, 20, "#ffffff")   # over the lifelines
-            svg.text(lane[caller] + 10, y, label, 13, RED, bold=True)
+            rows.append(("note", event.caller, f"{event.caller} gives up: CallTimeout", event.caller, True,
+                         "its id is abandoned, not reused"))
         elif isinstance(event, Got):
-            line = event.line
-            reply_id, _ = tagged.parse_tagged(line)
+            reply_id, _ = tagged.parse_tagged(event.line)
             caller = owners[reply_id][0]
             wire_order.append(reply_id)
-            y += 38
             if caller in gave_up:
-                svg.arrow(upstream_x - 6, y, client_x + 6, y, RED, 2.5)
-                svg.bytes_box(label_x, y - 30, line + b"\n", caller, 13, wrong=True)
-                svg.text(client_x + 6, y + 20, f"id {reply_id}: no call is owed it any more: dropped", 12, RED,
-                         bold=True)
-                y += 24
+                rows.append(("arrow", "TaggedUpstream", "TaggedClient", event.line + b"\n", caller, True,
+                             f"id {reply_id}: no call is owed it any more: dropped"))
             else:
-                svg.arrow(upstream_x - 6, y, lane[caller] + 6, y, colours(caller)[1], 2)
-                svg.bytes_box(label_x, y - 30, line + b"\n", caller, 13)
-                svg.text(upstream_x - 12, y - 12, f"id {reply_id} -> {caller}", 12, colours(caller)[1],
-                         anchor="end", bold=True)
-    bottom = y + 20
-    with svg.behind(0):
-        for name in names:
-            svg.line(lane[name], rows_top, lane[name], bottom, FAINT_LANE, 2, dash="4 4")
-        svg.line(client_x, rows_top, client_x, bottom, FAINT_LANE, 1, dash="2 6")
-        svg.line(upstream_x, rows_top, upstream_x, bottom, FAINT_LANE, 2, dash="4 4")
-    return bottom, wire_order, owners
+                rows.append(("arrow", "TaggedUpstream", caller, event.line + b"\n", caller, False,
+                             f"id {reply_id} -> {caller}"))
+    return lanes, rows, wire_order, owners
+
+
+def draw_tagged_sequence(svg, top, events, sends_first=False):
+    """One TaggedClient's scenario as a sequence diagram from `top`; returns (its bottom,
+    the reply ids in wire order, {id: (caller, line)})."""
+    lanes, rows, wire_order, owners = tagged_rows(events, sends_first)
+    return sequence(svg, top + 26, lanes, rows, lanes["TaggedUpstream"] + 70), wire_order, owners
 
 
 def draw_results(svg, y, events, owners):
-    """One line per call: what it asked, what it returned, whether that is its own reply."""
+    """A row per call (svg.borrows): what it asked, what it returned, whether that is its own reply."""
     results = {e.caller: e.outcome for e in events if isinstance(e, Returned)}
     rows = []
     for request_id in sorted(owners):
         caller, line = owners[request_id]
         outcome = results.get(caller)
-        shown = outcome if isinstance(outcome, str) else visible(outcome or b"")
-        rows.append((caller, visible(line), shown, outcome == tcp_proxy.answer(line), isinstance(outcome, str)))
-    line_width = max(len(row[1]) for row in rows)
-    outcome_width = max(len(row[2]) for row in rows)
-    for caller, line, outcome, right, raised in rows:
-        label = f"{caller} called {line:<{line_width}}  {'raised' if raised else 'returned'} {outcome:<{outcome_width}}"
-        svg.text(16, y, label, 13, INK)
-        verdict = "gave up" if raised else ("its own reply" if right else "WRONG")
-        svg.text(16 + text_width(label, 13) + 12, y, verdict, 13, MUTED if raised else GREEN if right else RED,
-                 bold=True)
-        y += 22
-    return y
+        if isinstance(outcome, str):
+            rows.append((caller, line, [], f"nothing: it raised {outcome}", MUTED, ""))
+        else:
+            right = outcome == tcp_proxy.answer(line)
+            rows.append((caller, line, [(caller, outcome, not right)], "its own reply" if right else "WRONG",
+                         GREEN if right else RED, ""))
+    return borrows(svg, y, "what each call returned", "call() returns the reply that carries its own id",
+                   None, rows)
 
 
 def draw_tagged_out_of_order(recorder):
@@ -260,7 +213,7 @@ def draw_tagged_out_of_order(recorder):
     bottom, wire_order, owners = draw_tagged_sequence(svg, y + 16, events)
     svg.text(16, bottom + 28, f"ids went out {', '.join(map(str, sorted(owners)))}; replies came back "
              f"{', '.join(map(str, wire_order))}: not the order asked", 13, RED, bold=True)
-    draw_results(svg, bottom + 56, events, owners)
+    draw_results(svg, bottom + 66, events, owners)
     return svg
 
 
@@ -279,31 +232,21 @@ def draw_head_of_line(recorder):
     passed = [request_id for request_id in wire_order[:wire_order.index(slow_id)]]
     svg.text(16, bottom + 28, f"id {slow_id} (GET slow) went out first and came back last: "
              f"ids {', '.join(map(str, passed))} passed it", 13, GREEN, bold=True)
-    y = draw_results(svg, bottom + 56, events, owners) + 30
+    y = draw_results(svg, bottom + 66, events, owners) + 30
     untagged = [e for e in events if isinstance(e, (UpstreamRead, UpstreamReady, UpstreamWrote)) and not e.tagged]
-    reads = [e.line for e in untagged if isinstance(e, UpstreamRead)]
     readies = [e.key for e in untagged if isinstance(e, UpstreamReady)]
-    writes = [e.line for e in untagged if isinstance(e, UpstreamWrote)]
-    held = next(key for key in readies if key == "slow")
-    ready_first = sorted(readies[:readies.index(held)])
+    ready_first = sorted(readies[:readies.index("slow")])
     svg.text(16, y, "without ids: the untagged twin, the four requests pipelined in order on one socket", 14,
              INK, bold=True)
-    y += 34
-    svg.text(16, y, "read", 13, MUTED)
-    x = 16 + text_width("written ", 13)
-    for line in reads:
-        x += svg.bytes_box(x, y - 17, line.encode() + b"\n", UPSTREAM, 13) + 4
-    y += 40
-    svg.text(16, y, f"while GET {held} is held: replies ready {len(ready_first)} "
-             f"({', '.join(ready_first)}), written 0: each waits its turn behind GET {held}", 13, RED, bold=True)
-    y += 36
-    svg.text(16, y, "written", 13, MUTED)
-    x = 16 + text_width("written ", 13)
-    for index, line in enumerate(writes):
-        late = index > 0
-        x += svg.bytes_box(x, y - 17, line.encode() + b"\n", UPSTREAM, 13, wrong=late) + 4
-    y += 30
-    svg.text(16, y, f"in order, only after GET {held}: the fast replies (red outline) waited for it", 13, RED)
+    lanes = {"one socket": 100, "untagged upstream": 520}
+    rows = [("arrow", "one socket", "untagged upstream", e.line.encode() + b"\n", UPSTREAM, False, "")
+            for e in untagged if isinstance(e, UpstreamRead)]
+    rows.append(("note", "untagged upstream", "GET slow held", None, True,
+                 f"replies ready {len(ready_first)} ({', '.join(ready_first)}), written 0: each waits its turn"))
+    for index, e in enumerate(e for e in untagged if isinstance(e, UpstreamWrote)):
+        rows.append(("arrow", "untagged upstream", "one socket", e.line.encode() + b"\n", UPSTREAM, index > 0,
+                     "in order: it waited for GET slow" if index else "written once GET slow is let go"))
+    sequence(svg, y + 46, lanes, rows, lanes["untagged upstream"] + 70)
     return svg
 
 
@@ -321,7 +264,7 @@ def draw_late_reply(recorder):
     svg.text(16, bottom + 28, f"late replies dropped by id: {dropped}; the connection served on: ids "
              f"{', '.join(map(str, later))} went to their callers; connections opened: {connections}", 13,
              GREEN, bold=True)
-    draw_results(svg, bottom + 56, events, owners)
+    draw_results(svg, bottom + 66, events, owners)
     return svg
 
 

@@ -41,8 +41,8 @@ Received = event("Received", "client data", "what a demo client read to EOF")
 Trial = event("Trial", "label", "a trial begins")
 TrialEnd = event("TrialEnd", "label result", "what the trial function returned")
 Borrowed = event("Borrowed", "k client request connection", "checkout() lent connection n for a request")
-Wrote = event("Wrote", "k connection data honest part",
-              "the upstream writes data (part 'first' or 'rest') of its k-th reply; honest: what it was asked to")
+Wrote = event("Wrote", "k connection data honest",
+              "the upstream writes data (all or part) of its k-th reply; honest: what it was asked to")
 Partial = event("Partial", "k", "the framed reader holds part of reply k and reads on")
 Read = event("Read", "k client reply connection", "read_reply() is done: what the client will be sent")
 Checkin = event("Checkin", "k client outcome connection timeout", "the connection goes back, or is closed")
@@ -60,7 +60,7 @@ Service = event("Service", "kind t service", "an upstream stopped or restarted")
 SetShutDown = event("SetShutDown", "", "the scenario's cleanup begins")
 # Part three (record_redis_pools, record_tagged)
 Scenario = event("Scenario", "name", "a scenario begins")
-RedisRead = event("RedisRead", "client request connection leftover reply rest", "read_reply() returned")
+RedisRead = event("RedisRead", "client request connection reply rest", "read_reply() returned")
 Recv = event("Recv", "connection data", "more_of_reply() read data from the upstream")
 Connected = event("Connected", "", "a TaggedClient opened its connection")
 TaggedSent = event("TaggedSent", "caller data", "on_event: a request about to be written, id and all")
@@ -197,13 +197,13 @@ def record_pool(scenario, trial_function, label_of, score=None):
         honest = getattr(r.thread, "honest", None) or data   # a FaultyUpstream's honest reply, or the reply itself
         r.note(honest=None, reply=(trial["replies"], number(conn.getpeername()), data, honest, upstream.split_at or 0))
         if upstream.split_at:
-            r.log(Wrote(*r.thread.reply[:2], data[:upstream.split_at], honest[:upstream.split_at], "first"))
+            r.log(Wrote(*r.thread.reply[:2], data[:upstream.split_at], honest[:upstream.split_at]))
 
     def rest_follows(upstream_pause):   # the pause(k) knob: the reply's rest is written once it returns
         def pause(reply_number):
             upstream_pause(reply_number)
             k, connection, data, honest, cut = r.thread.reply
-            r.log(Wrote(k, connection, data[cut:], honest[cut:], "rest"))
+            r.log(Wrote(k, connection, data[cut:], honest[cut:]))
         return pause
 
     with Recorder() as r:
@@ -313,8 +313,8 @@ def record_redis_pools():
     with Recorder() as r:
         r.name_demo_clients()
         r.name_pool_requests()
-        r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, buffer=b"": r.log(RedisRead(
-            r.thread.client, r.thread.request, number(sock), bytes(buffer), *result)))
+        r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
+            r.thread.client, r.thread.request, number(sock), *result)))
         r.tap(tcp_proxy, "more_of_reply", after=lambda data, sock: r.log(Recv(number(sock), data)))
         printed = run_quietly(scenarios(r, lambda: numbers.clear() or r.names.clear(),
                                         ("line-pool", part3_demo.line_pool), ("resp-pool", part3_demo.resp_pool)))

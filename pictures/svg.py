@@ -1,6 +1,5 @@
 """pictures.svg: a few shapes and monospace text, and the colours every picture shares.
 A reader of the lesson need not read this module."""
-import contextlib
 from xml.sax.saxutils import escape
 
 FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
@@ -13,6 +12,7 @@ CLIENT_COLOURS = {   # name -> (fill, stroke); the same client has the same colo
     "A": ("#dbe8f7", "#1f5fa8"),
     "B": ("#fde3cc", "#b85c00"),
     "C": ("#e4dcf3", "#5b3a9e"),
+    "D": ("#d5eeec", "#00695c"),
     "nobody": (RED_FILL, RED),   # bytes no request asked for
 }
 
@@ -93,12 +93,12 @@ class Svg:
         self.parts.append(f'<text x="{number(x)}" y="{number(y)}" font-size="{size}" '
                           f'fill="{fill}"{anchor_attribute}{weight}>{escape(content)}</text>')
 
-    def bytes_box(self, x, y, data, owner, size=13, wrong=False, height=24):
-        """A box holding bytes as a label, filled with their owner's colour; returns its width."""
+    def bytes_box(self, x, y, data, owner, size=13, wrong=False):
+        """A box 24 high holding bytes as a label, filled with their owner's colour; returns its width."""
         fill, stroke = colours(owner)
         width = text_width(visible(data), size) + 10
-        self.rect(x, y, width, height, fill, RED if wrong else stroke, 2.5 if wrong else 1, radius=3)
-        self.text(x + 5, y + height / 2 + size * 0.35, visible(data), size, INK)
+        self.rect(x, y, width, 24, fill, RED if wrong else stroke, 2.5 if wrong else 1, radius=3)
+        self.text(x + 5, y + 12 + size * 0.35, visible(data), size, INK)
         return width
 
     def legend(self, x, y, entries, size=12):
@@ -107,14 +107,6 @@ class Svg:
             self.rect(x, y - size + 1, size, size, fill, stroke, 1.5)
             self.text(x + size + 6, y, label, size, INK)
             x += size + 6 + text_width(label, size) + 22
-
-    @contextlib.contextmanager
-    def behind(self, position):
-        """Shapes drawn inside the block go under those drawn since parts[position]."""
-        later = self.parts[position:]
-        del self.parts[position:]
-        yield
-        self.parts.extend(later)
 
     def render(self, margin=16):
         if self.left < 0 or self.top < 0:
@@ -153,6 +145,83 @@ def cut(chunks, start, end):
 def owners_of(chunks, start, end):
     """Who sent the bytes start..end of a stream made of (owner, data) chunks, in order."""
     return list(dict.fromkeys(owner for owner, _ in cut(chunks, start, end)))
+
+
+def sequence(svg, top, lanes, rows, remarks_x, row=34):
+    """A sequence diagram from `top`: a named box and a dashed lifeline per lane ({name: x}),
+    then one row per event down the page; returns the lifelines' bottom.
+
+    A row is ("arrow", from lane, to lane, bytes, owner, wrong, remark): an arrow in its
+    owner's colour under the bytes it carries, or ("note", lane, label, owner, wrong,
+    remark): a box on the lane. Wrong rows are red; a remark is written at remarks_x."""
+    bottom = top + row * (len(rows) + 1)
+    for lane, x in lanes.items():
+        fill, stroke = colours(lane)
+        width = max(110, text_width(lane, 13) + 14)
+        svg.rect(x - width / 2, top - 26, width, 26, fill, stroke, 1.5, radius=4)
+        svg.text(x, top - 8, lane, 13, INK, "middle", bold=True)
+        svg.line(x, top, x, bottom, FAINT, 1.5, dash="4 4")
+    for index, (kind, lane, *drawn) in enumerate(rows):
+        y = top + row * (index + 1)
+        if kind == "arrow":
+            target, data, owner, wrong, remark = drawn
+            x1, x2 = lanes[lane], lanes[target]
+            svg.arrow(x1, y, x2, y, RED if wrong else colours(owner)[1], 2.5 if wrong else 1.5)
+            label = visible(data)
+            label_x = min(x1, x2) + 12
+            svg.rect(label_x - 3, y - 20, text_width(label, 13) + 6, 17, "#ffffff")
+            svg.text(label_x, y - 6, label, 13, RED if wrong else INK, bold=wrong)
+        else:
+            label, owner, wrong, remark = drawn
+            width = text_width(label, 12) + 14
+            fill, stroke = colours(owner)
+            svg.rect(lanes[lane] - width / 2, y - 15, width, 22, RED_FILL if wrong else fill,
+                     RED if wrong else stroke, 2 if wrong else 1, radius=3)
+            svg.text(lanes[lane], y + 1, label, 12, RED if wrong else INK, "middle", bold=True)
+        if remark:
+            svg.text(remarks_x, y + 4, remark, 12, RED if wrong else MUTED, bold=wrong)
+    return bottom
+
+
+def borrows(svg, top, rule, note, strip, rows, left=16):
+    """A pool's borrows as steps, from `top`; returns the bottom.
+
+    The rule and a note; then, if `strip` is (caption, pieces), one connection's stream
+    as written, each piece (owner, bytes, wrong, taker) above the borrower that took it
+    (taker None: unread); then a row per borrow (client, request, got, verdict, tone,
+    after): what it sent, the pieces (owner, bytes, wrong) it got, its verdict and what
+    became of the connection. Bytes are in the colour of the client whose request they
+    answer, outlined red where they answer another request, or none."""
+    svg.text(left, top, rule, 14, INK, bold=True)
+    svg.text(left, top + 18, note, 12, MUTED)
+    y = top + 46
+    if strip:
+        caption, pieces = strip
+        svg.text(left, y, caption, 12, MUTED)
+        y += 10
+        x = left
+        for owner, data, wrong, taker in pieces:
+            width = svg.bytes_box(x, y, data, owner, 13, wrong=wrong)
+            tone = MUTED if taker is None else RED if wrong else colours(taker)[1]
+            svg.text(x + width / 2, y + 42, "unread" if taker is None else f"to {taker}", 12, tone,
+                     anchor="middle", bold=wrong)
+            svg.line(x + width / 2, y + 26, x + width / 2, y + 30, tone, 1.5)
+            x += width + 4
+        y += 76
+    request_width = max(len(visible(row[1])) for row in rows)
+    for client, request, got, verdict, tone, after in rows:
+        label = f"{client} sent {visible(request):<{request_width}}"
+        svg.text(left, y, label, 13, INK)
+        x = left + text_width(label, 13) + 8
+        svg.text(x, y, "got", 13, MUTED)
+        x += text_width("got", 13) + 8
+        for owner, data, wrong in got:
+            x += svg.bytes_box(x, y - 17, data, owner, 13, wrong=wrong) + 2
+        svg.text(x + 10, y, verdict, 13, tone, bold=True)
+        if after:
+            svg.text(x + 20 + text_width(verdict, 13), y, after, 12, MUTED)
+        y += 32
+    return y
 
 
 def coalesce(chunks):
