@@ -1,4 +1,4 @@
-"""Fast checks of bench.py's pieces: the load generator counts what it should,
+"""Fast checks of the bench's pieces: the load generator counts what it should,
 the servers it adds behave as their docstrings say, and the tables and target
 verdicts come out as written. The bench itself runs with `make bench`."""
 import contextlib
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench, bench_part3, placement
+from bench import bench, bench_part3, cited, machinery, mechanisms, placement
 import tcp_proxy
 from tcp_proxy import PassthroughProxy, Upstream
 
@@ -23,12 +23,12 @@ class WrongUpstream(Upstream):
 
 def rounds_against(server, client_count, requests_each, before_sending=lambda: None):
     """Connect client_count clients to server, call before_sending(), run one round."""
-    clients = bench.connect_clients(server.addr, client_count)
+    clients = machinery.connect_clients(server.addr, client_count)
     try:
         before_sending()
-        return bench.exchange_rounds(clients, requests_each)
+        return machinery.exchange_rounds(clients, requests_each)
     finally:
-        bench.close_clients(clients)
+        machinery.close_clients(clients)
 
 
 def test_exchange_rounds_answers_every_request_of_every_client():
@@ -54,7 +54,7 @@ def test_exchange_rounds_counts_a_closed_connection_as_unanswered():
 
 def test_distant_upstream_overlaps_the_delays_of_pipelined_requests():
     delay = 0.1
-    with bench.DistantUpstream(delay) as upstream, \
+    with machinery.DistantUpstream(delay) as upstream, \
             socket.create_connection(upstream.addr, timeout=5) as sock:
         started = time.perf_counter()
         sock.sendall(b"GET a\nGET b\nGET c\nGET d\n")
@@ -67,20 +67,20 @@ def test_distant_upstream_overlaps_the_delays_of_pipelined_requests():
 
 
 def test_nagle_passthrough_proxy_turns_nodelay_off_on_what_it_tracks():
-    with Upstream() as upstream, bench.NaglePassthroughProxy(upstream.addr) as proxy:
+    with Upstream() as upstream, cited.NaglePassthroughProxy(upstream.addr) as proxy:
         sock = proxy.track(socket.socket())
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
         proxy.forget(sock)
 
 
 def test_service_process_serves_waits_on_hooks_and_reports_its_threads_and_memory():
-    with bench.ServiceProcess("upstream") as upstream:
-        clients = bench.connect_clients(upstream.addr, 2)
+    with machinery.ServiceProcess("upstream") as upstream:
+        clients = machinery.connect_clients(upstream.addr, 2)
         try:
-            measured = bench.exchange_rounds(clients, requests_each=5)
+            measured = machinery.exchange_rounds(clients, requests_each=5)
             upstream.wait_for("replies", 10)   # both connections still open: their threads alive
         finally:
-            bench.close_clients(clients)
+            machinery.close_clients(clients)
         with pytest.raises(TimeoutError, match="replies to reach 11"):
             upstream.wait_for("replies", 11, timeout=0.1)
     assert (measured.answered, measured.wrong) == (10, 0)
@@ -90,7 +90,7 @@ def test_service_process_serves_waits_on_hooks_and_reports_its_threads_and_memor
 
 
 def test_table_aligns_names_left_and_figures_right():
-    assert bench.table("T", ["name", "n"], [["a", 1], ["long", 22]]) == (
+    assert machinery.table("T", ["name", "n"], [["a", 1], ["long", 22]]) == (
         "T\n"
         "name   n\n"
         "----  --\n"
@@ -136,11 +136,11 @@ def test_targets_of_a_run_where_sections_failed_are_those_of_the_sections_that_f
 
 
 def test_absent_tools_are_skipped_with_a_note_that_says_how_to_get_them(monkeypatch):
-    monkeypatch.setattr(bench.shutil, "which", lambda tool: None)
-    monkeypatch.setattr(bench, "POOL_CAPS", (8,))   # fewer processes to start: the notes are the point
+    monkeypatch.setattr(cited.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(cited, "POOL_CAPS", (8,))   # fewer processes to start: the notes are the point
     notes = []
     with Upstream() as upstream, contextlib.ExitStack() as stack:
-        relays = bench.start_relays(upstream.addr, notes, stack)
+        relays = cited.start_relays(upstream.addr, notes, stack)
     assert list(relays) == ["PassthroughProxy", "FramedProxy cap 8"]
     get_them = "(`make bench-tools` installs socat and haproxy)"
     assert notes == [f"socat: skipped, not installed {get_them}", f"haproxy: skipped, not installed {get_them}"]
@@ -151,9 +151,9 @@ def test_a_section_that_fails_says_why_in_one_line_and_the_others_still_print(mo
         raise TimeoutError("gave up waiting for connections to reach 1000\nsecond line")
 
     def sections(arguments, notes):
-        return [("scale", fails, bench.render_scale),
+        return [("scale", fails, mechanisms.render_scale),
                 ("nagle", lambda: {"rows": [{"relay": "r", "requests": 1, "median_ms": 2.0, "low_ms": 1.0,
-                                             "high_ms": 3.0}]}, bench.render_nagle)]
+                                             "high_ms": 3.0}]}, cited.render_nagle)]
     monkeypatch.setattr(bench, "sections", sections)
     bench.main([])
     out = capsys.readouterr().out
@@ -163,7 +163,7 @@ def test_a_section_that_fails_says_why_in_one_line_and_the_others_still_print(mo
 
 
 def test_lean_upstream_answers_lines_however_they_were_cut():
-    with bench.LeanUpstream() as upstream, socket.create_connection(upstream.addr, timeout=5) as sock:
+    with machinery.LeanUpstream() as upstream, socket.create_connection(upstream.addr, timeout=5) as sock:
         sock.sendall(b"GET a\nGET")
         sock.sendall(b" b\nPING\n")
         reader = sock.makefile("rb")
@@ -173,17 +173,17 @@ def test_lean_upstream_answers_lines_however_they_were_cut():
 
 
 @pytest.mark.parametrize("relay_class", [
-    bench.UncountedPassthroughProxy, bench.NotifyIfWaitedPassthroughProxy, bench.SplicePassthroughProxy,
-    bench.OneThreadPassthroughProxy, placement.placed(PassthroughProxy)])
+    mechanisms.UncountedPassthroughProxy, mechanisms.NotifyIfWaitedPassthroughProxy, mechanisms.SplicePassthroughProxy,
+    mechanisms.OneThreadPassthroughProxy, placement.placed(PassthroughProxy)])
 def test_each_alternative_relay_gives_every_client_its_own_replies(relay_class):
-    with bench.LeanUpstream() as upstream, relay_class(upstream.addr) as relay:
+    with machinery.LeanUpstream() as upstream, relay_class(upstream.addr) as relay:
         measured = rounds_against(relay, 4, requests_each=25)
     assert (measured.answered, measured.wrong, measured.unanswered) == (100, 0, 0)
 
 
 def test_threaded_load_generator_counts_every_round_trip_of_every_thread():
-    with bench.LeanUpstream() as upstream:
-        measured = bench.threaded_round_trips(upstream.addr, 3, seconds=0.05)
+    with machinery.LeanUpstream() as upstream:
+        measured = machinery.threaded_round_trips(upstream.addr, 3, seconds=0.05)
     assert measured.answered == len(measured.latencies) > 3
     assert measured.wrong == 0
 
