@@ -31,7 +31,7 @@ import platform
 import sys
 import time
 
-from bench import cited, mechanisms
+from bench import cited, mechanisms, redis_peers
 from bench.cited import CLIENT_COUNTS, THREADED_CLIENTS
 from bench.machinery import low_high, one_line, progress, raise_open_file_limit, ratio, spread, table
 from bench.mechanisms import SCALE_CLIENTS, SCALE_POOL_CAP
@@ -75,6 +75,7 @@ def targets(results):
                 and row["peak_rss_mb"] is not None:
             found.append((f"{row['clients']} clients through {row['relay']}, peak RSS < 64 MB",
                           f"{row['peak_rss_mb']:.1f} MB", row["peak_rss_mb"] < 64))
+    found += redis_peers.targets(results.get("redis") or {})
     return found
 
 
@@ -103,7 +104,7 @@ def parse_arguments(argv=None):
     return parser.parse_args(argv)
 
 
-SECTION_NAMES = ("overhead", "alternatives", "nagle", "head_of_line", "scale", "pipelining")
+SECTION_NAMES = ("overhead", "alternatives", "nagle", "head_of_line", "scale", "pipelining", "redis")
 
 
 def sections(arguments, notes):
@@ -121,6 +122,9 @@ def sections(arguments, notes):
         "scale": (lambda: mechanisms.scale(SCALE_CLIENTS[:1] if arguments.quick else SCALE_CLIENTS, notes),
                   mechanisms.render_scale),
         "pipelining": (lambda: cited.pipelining(repetitions, notes), cited.render_pipelining),
+        "redis": (lambda: redis_peers.redis_peers(arguments.repetitions or (1 if arguments.quick else 3), notes,
+                                                  run_seconds=0.3 if arguments.quick else 1.0),
+                  redis_peers.render_redis),
     }
     if arguments.profile:
         chosen.append("profile")

@@ -341,26 +341,57 @@ backend upstream
 """
 
 
+# twemproxy (nutcracker): one pool, Redis protocol, one connection to the one server,
+# which is never ejected (the bench's server does not fail; a failure should show).
+NUTCRACKER_CONFIG = """\
+bench:
+  listen: 127.0.0.1:{port}
+  redis: true
+  hash: fnv1a_64
+  distribution: ketama
+  server_connections: 1
+  auto_eject_hosts: false
+  servers:
+   - 127.0.0.1:{upstream_port}:1
+"""
+
+
 class ExternalRelay(Running):
-    """socat or HAProxy relaying TCP to the upstream: what a user would run instead."""
-    TOOLS = ("socat", "haproxy")
+    """socat or HAProxy relaying TCP to the upstream, or twemproxy (nutcracker)
+    proxying Redis: what a user would run instead. A config file, where the tool
+    takes one, lives in a temporary directory that stop() removes."""
+    TOOLS = ("socat", "haproxy")   # the layer-4 relays the line sections compare
 
     def __init__(self, tool, upstream_addr):
         port, upstream_port = free_port(), upstream_addr[1]
-        self.config, self.cpu_at_start = None, None
+        self.cpu_at_start = None
+        self.directory = None
         if tool == "socat":   # fork: a process per connection; nodelay on both sides
             argv = ["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr,nodelay,backlog=1024",
                     f"TCP:127.0.0.1:{upstream_port},nodelay"]
+        elif tool == "haproxy":
+            config = self.write_config("haproxy.cfg", HAPROXY_CONFIG.format(port=port, upstream_port=upstream_port))
+            argv = ["haproxy", "-db", "-f", config]
+        elif tool == "nutcracker":   # in the foreground unless -d; its stats on a port of its own
+            config = self.write_config("nutcracker.yml",
+                                       NUTCRACKER_CONFIG.format(port=port, upstream_port=upstream_port))
+            argv = ["nutcracker", "-c", config, "-s", str(free_port()), "-a", "127.0.0.1",
+                    "-o", os.path.join(self.directory.name, "nutcracker.log")]
         else:
-            self.config = tempfile.NamedTemporaryFile("w", suffix=".cfg", delete=False)
-            self.config.write(HAPROXY_CONFIG.format(port=port, upstream_port=upstream_port))
-            self.config.close()
-            argv = ["haproxy", "-db", "-f", self.config.name]
+            raise ValueError(f"no such relay: {tool!r}")
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.addr = ("127.0.0.1", port)
         self._wait_until_listening()
         self.cpu_at_start = self.cpu_seconds()
+
+    def write_config(self, name, text):
+        """Write a config file into this relay's temporary directory; its path."""
+        self.directory = tempfile.TemporaryDirectory(prefix="bench-relay-")
+        path = os.path.join(self.directory.name, name)
+        with open(path, "w", encoding="ascii") as config:
+            config.write(text)
+        return path
 
     def _wait_until_listening(self):
         deadline = time.monotonic() + START_TIMEOUT
@@ -423,9 +454,9 @@ class ExternalRelay(Running):
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        if self.config:
-            os.unlink(self.config.name)
-            self.config = None
+        if self.directory:
+            self.directory.cleanup()
+            self.directory = None
         return self.report
 
 
