@@ -1,12 +1,13 @@
 # make test   - a virtual environment with the test requirements, redis-server, then the whole suite
 # make check  - test, then both transcripts' determinism under load, then originality
+# make bench-redis - redis-benchmark through the project's Redis relays, socat, HAProxy, twemproxy
 # make pictures - run the scenarios and redraw pictures/*.svg from what they recorded (Part three's need redis-server)
 # make lint   - pyflakes-level checks (ruff: unused and undefined names, syntax); no formatter
 PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: demo race managed part3 redis-server test lint check golden pictures bench bench-quick bench-part3 bench-tools soak clean
+.PHONY: demo race managed part3 redis-server redis-peers test lint check golden pictures bench bench-quick bench-part3 bench-redis bench-tools soak clean
 
 demo:
 	$(PYTHON) demo.py
@@ -28,6 +29,14 @@ redis-server:
 	   apt-get update && apt-get install -y --no-install-recommends redis-server < /dev/null; } || \
 	   echo "make: could not install redis-server; as root: apt-get install redis-server"
 
+# The bench's Redis tests start twemproxy (Debian's nutcracker) and read what
+# redis-benchmark (redis-tools) prints: installed as redis-server is, when missing.
+redis-peers:
+	@{ command -v nutcracker >/dev/null || test -x /usr/sbin/nutcracker; } && command -v redis-benchmark >/dev/null || \
+	 { export DEBIAN_FRONTEND=noninteractive; \
+	   apt-get update && apt-get install -y --no-install-recommends nutcracker redis-tools < /dev/null; } || \
+	   echo "make: could not install nutcracker and redis-tools; as root: apt-get install nutcracker redis-tools"
+
 $(VENV_PYTHON): requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV_PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
@@ -35,7 +44,7 @@ $(VENV_PYTHON): requirements-test.txt
 
 # Two workers (pytest-xdist): most tests wait on sockets and threads, so two
 # processes keep both cores busy.
-test: $(VENV_PYTHON) redis-server
+test: $(VENV_PYTHON) redis-server redis-peers
 	$(VENV_PYTHON) -m pytest -q -n 2
 
 # F: pyflakes' checks (unused imports and names, undefined names, redefinitions);
@@ -81,11 +90,16 @@ bench-quick:
 bench-part3:
 	$(PYTHON) -m bench.bench_part3
 
-# socat and HAProxy, for the bench's comparison rows (Debian's packages; run as root).
-# The bench runs without them and names this target in its notes.
+# redis-benchmark through the project's Redis relays and the real ones (about five minutes).
+bench-redis:
+	$(PYTHON) -m bench --only redis
+
+# socat, HAProxy, twemproxy (nutcracker), redis-server and redis-benchmark (redis-tools),
+# for the bench's comparison rows (Debian's packages; run as root). The bench runs
+# without them and names this target in its notes.
 bench-tools:
 	apt-get update
-	apt-get install -y socat haproxy
+	apt-get install -y socat haproxy nutcracker redis-server redis-tools
 
 # The randomized proof at 10,000 examples instead of the suite's 200 (minutes, not seconds).
 soak: $(VENV_PYTHON)

@@ -20,7 +20,6 @@ the mechanism study beside this is bench/mechanisms.py.
 """
 import contextlib
 import math
-import shutil
 import socket
 import statistics
 import time
@@ -28,7 +27,8 @@ import time
 from tcp_proxy import PassthroughProxy, answer
 
 from bench.machinery import (START_TIMEOUT, ExternalRelay, ServiceProcess, close_clients, compare_relays,
-                             connect_clients, exchange_rounds, low_high, render_comparison, spread, table)
+                             connect_clients, exchange_rounds, low_high, render_comparison, spread, table,
+                             tool_path)
 
 CLIENT_COUNTS = (1, 8, 64)         # overhead: clients at once
 POOL_CAPS = (1, 8, 64)             # overhead: FramedProxy's caps
@@ -58,7 +58,7 @@ def start_relays(upstream_addr, notes, stack):
         relays[f"FramedProxy cap {cap}"] = stack.enter_context(
             ServiceProcess("framed", upstream_addr, pool_cap=cap))
     for tool in ExternalRelay.TOOLS:
-        if shutil.which(tool):
+        if tool_path(tool):
             relays[tool] = stack.enter_context(ExternalRelay(tool, upstream_addr))
         else:
             notes.append(f"{tool}: skipped, not installed (`make bench-tools` installs socat and haproxy)")

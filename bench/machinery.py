@@ -41,6 +41,7 @@ import pstats
 import queue
 import resource
 import selectors
+import shutil
 import signal
 import socket
 import statistics
@@ -318,6 +319,12 @@ class ServiceProcess(Running):
         return self.report
 
 
+def tool_path(tool):
+    """Where an installed tool is, or None; sbin too, where Debian puts haproxy and
+    nutcracker and a user's PATH may not look."""
+    return shutil.which(tool) or shutil.which(tool, path="/usr/local/sbin:/usr/sbin:/sbin")
+
+
 def free_port():
     """A port the OS has just handed out, for tools that cannot report theirs."""
     with socket.socket() as probe:
@@ -379,6 +386,7 @@ class ExternalRelay(Running):
                     "-o", os.path.join(self.directory.name, "nutcracker.log")]
         else:
             raise ValueError(f"no such relay: {tool!r}")
+        argv[0] = tool_path(tool) or tool
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.addr = ("127.0.0.1", port)

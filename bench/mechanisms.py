@@ -20,7 +20,6 @@ what" and "Where a thread per client stops"; a reader of the cited figures
 import contextlib
 import os
 import selectors
-import shutil
 import statistics
 import threading
 import time
@@ -29,7 +28,7 @@ from tcp_proxy import PassthroughProxy, recv, shutdown
 
 from bench.machinery import (STOP_TIMEOUT, ExternalRelay, ServiceProcess, close_clients, compare_relays,
                              connect_clients, exchange_rounds, one_line, progress, render_comparison, table,
-                             throughput)
+                             throughput, tool_path)
 
 ALTERNATIVE_CLIENTS = (1, 8, 64)   # alternatives: clients at once
 SCALE_CLIENTS = (1000, 5000)       # scale: clients at once (--quick: the first only)
@@ -144,7 +143,7 @@ def alternatives(repetitions, seconds, client_counts, notes, count_futexes=False
         upstream = stack.enter_context(ServiceProcess("lean-upstream"))
         relays = {label: stack.enter_context(ServiceProcess(kind, upstream.addr, **options))
                   for label, kind, options in ALTERNATIVES}
-        if shutil.which("socat"):
+        if tool_path("socat"):
             relays["socat"] = stack.enter_context(ExternalRelay("socat", upstream.addr))
         else:
             notes.append("socat: skipped, not installed (`make bench-tools`)")
@@ -206,7 +205,7 @@ def scale(client_counts, notes):
                lambda addr: ServiceProcess("framed", addr, pool_cap=SCALE_POOL_CAP), none_yet),
               (f"FramedProxy cap {SCALE_POOL_CAP}, not pinned",
                lambda addr: ServiceProcess("framed", addr, pool_cap=SCALE_POOL_CAP, **UNPINNED), none_yet)]
-    if shutil.which("haproxy"):
+    if tool_path("haproxy"):
         relays.append(("haproxy", lambda addr: ExternalRelay("haproxy", addr), one_each))
     else:
         notes.append("haproxy: skipped, not installed (`make bench-tools` installs socat and haproxy)")

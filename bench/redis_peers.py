@@ -32,7 +32,6 @@ import contextlib
 import csv
 import inspect
 import random
-import shutil
 import socket
 import statistics
 import subprocess
@@ -44,7 +43,7 @@ from part3 import resp
 from scaffolding.redis_server import RedisControl, RedisServer, read_resp
 
 from bench.machinery import (START_TIMEOUT, ExternalRelay, Running, ServiceProcess, low_high, one_line, progress,
-                             ratio, spread, table)
+                             ratio, spread, table, tool_path)
 
 CLIENT_COUNTS = (1, 8, 64)         # redis-benchmark -c
 PIPELINES = (1, 16)                # redis-benchmark -P: requests in flight on each connection
@@ -139,7 +138,7 @@ def start_targets(stack, notes):
         if needs == "managed-framing" and not managed_takes_framing():
             notes.append(f"redis, {label}: skipped, {NEEDS_REQUEST_FRAMING} (ManagedProxy takes no framing yet)")
             continue
-        if needs not in (None, "managed-framing") and not shutil.which(needs):
+        if needs not in (None, "managed-framing") and not tool_path(needs):
             notes.append(f"redis, {label}: skipped, {needs} is not installed ({GET_THEM})")
             continue
         redis = stack.enter_context(RedisServer())
@@ -268,7 +267,7 @@ def check_values(addr, threads=CHECK_THREADS, pairs=CHECK_PAIRS, seed=None):
 def redis_peers(repetitions, notes, run_seconds=RUN_SECONDS):
     """Every target at every client count and pipeline depth, interleaved within
     each repetition; then the correctness pass through each."""
-    if not (shutil.which("redis-server") and shutil.which("redis-benchmark")):
+    if not (tool_path("redis-server") and tool_path("redis-benchmark")):
         notes.append(f"redis: skipped, needs redis-server and redis-benchmark ({GET_THEM.replace('it', 'them')})")
         return {"rows": [], "checks": [], "repetitions": repetitions}
     samples = {}   # (label, clients, pipeline) -> [(rate, connections, cpu_us)] one per repetition

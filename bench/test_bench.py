@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench, bench_part3, cited, machinery, mechanisms, placement
+from bench import bench, bench_part3, cited, machinery, mechanisms, placement, redis_peers
+from conftest import need_redis
+from part3 import resp
+from scaffolding.redis_server import RedisControl, RedisServer, read_resp
 import tcp_proxy
 from tcp_proxy import PassthroughProxy, Upstream
 
@@ -136,7 +139,7 @@ def test_targets_of_a_run_where_sections_failed_are_those_of_the_sections_that_f
 
 
 def test_absent_tools_are_skipped_with_a_note_that_says_how_to_get_them(monkeypatch):
-    monkeypatch.setattr(cited.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(machinery.shutil, "which", lambda tool, path=None: None)
     monkeypatch.setattr(cited, "POOL_CAPS", (8,))   # fewer processes to start: the notes are the point
     notes = []
     with Upstream() as upstream, contextlib.ExitStack() as stack:
@@ -237,3 +240,147 @@ def test_connections_fill_one_cpu_up_to_sockets_per_cpu_then_the_next():
         client.sendall(b"hi\n")
         assert client.recv(64) == b"hi\n"
     assert server.cpus_of_each_connection == [set(cpus)]
+
+
+# --- bench/redis_peers.py: the machinery, nothing timed -----------------------------------
+
+def need_tool(tool):
+    """Skip without tool, except in CI (CI=true), where `make test` installs it and its absence fails."""
+    if machinery.tool_path(tool) is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{tool} is not on PATH, and CI must run the bench's Redis tests: `make redis-peers`")
+        pytest.skip(f"{tool} is not on PATH (`make redis-peers` installs it)")
+
+
+class PlantedRedis(tcp_proxy.Server):
+    """SET and GET over RESP from a dict, one connection at a time; the GET numbered
+    wrong_get (counting from 1, across connections) is answered with a wrong value."""
+
+    def __init__(self, wrong_get=None):
+        super().__init__()
+        self.values = {}
+        self.gets = 0           # GETs answered so far; bumped by handle(), read by none
+        self.wrong_get = wrong_get
+
+    def handle(self, conn):
+        buffer = b""
+        while data := tcp_proxy.recv(conn):
+            buffer += data
+            while (size := resp.reply_size(buffer)) is not None:   # a RESP array frames like a reply
+                request, buffer = buffer[:size], buffer[size:]
+                words = request.split(b"\r\n")[2::2][:int(request[1:request.index(b"\r\n")])]
+                conn.sendall(self.answer(words))
+
+    def answer(self, words):
+        if words[0] == b"SET":
+            self.values[words[1]] = words[2]
+            return b"+OK\r\n"
+        with self._lock:
+            self.gets += 1
+            planted = self.gets == self.wrong_get
+        value = b"not what was written" if planted else self.values[words[1]]
+        return redis_peers.bulk(value)
+
+
+def test_check_values_counts_every_request_and_finds_the_one_planted_wrong_value():
+    with PlantedRedis() as honest:
+        assert redis_peers.check_values(honest.addr, threads=2, pairs=10, seed=1) == {
+            "requests": 40, "wrong": 0, "failed": 0}
+    with PlantedRedis(wrong_get=7) as liar:
+        assert redis_peers.check_values(liar.addr, threads=2, pairs=10, seed=1) == {
+            "requests": 40, "wrong": 1, "failed": 0}
+
+
+def test_resp_commands_are_arrays_of_bulk_strings():
+    assert redis_peers.command(b"GET", b"a") == b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n"
+
+
+def test_parse_rate_reads_the_get_row_of_redis_benchmarks_csv():
+    output = ('"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",'
+              '"p99_latency_ms","max_latency_ms"\n"GET","40322.58","1.225","0.608","1.127","1.887","2.967","9.031"\n')
+    assert redis_peers.parse_rate(output) == 40322.58
+    with pytest.raises(ValueError, match="no GET row"):
+        redis_peers.parse_rate("WARNING: Could not fetch server CONFIG\n")
+
+
+def test_requests_for_a_run_follow_the_last_rate_within_bounds():
+    assert redis_peers.requests_for(None, 64, 16, seconds=1.0) == 51_200   # 50 rounds of 64 x 16, untimed
+    assert redis_peers.requests_for(30_000.4, 8, 1, seconds=1.0) == 30_000
+    assert redis_peers.requests_for(100.0, 1, 1, seconds=1.0) == redis_peers.MIN_REQUESTS
+    assert redis_peers.requests_for(1e9, 1, 1, seconds=1.0) == redis_peers.MAX_REQUESTS
+
+
+def test_server_connections_count_the_clients_redis_holds_but_not_the_control_connection():
+    need_redis()
+    with RedisServer() as redis, contextlib.ExitStack() as stack:
+        target = redis_peers.Target("direct", "-", redis, redis_peers.Direct(redis))
+        stack.callback(target.close)
+        assert target.server_connections() == 0
+        for _ in range(3):
+            client = stack.enter_context(socket.create_connection(redis.addr, timeout=5))
+            client.sendall(redis_peers.command(b"PING"))
+            assert client.recv(64) == b"+PONG\r\n"   # answered: redis has registered it
+        assert target.server_connections() == 3
+
+
+def test_a_relay_that_cannot_read_a_resp_array_is_told_apart_from_one_that_can():
+    need_redis()
+    with RedisServer() as redis, Upstream() as line_server:
+        assert redis_peers.speaks_resp_arrays(redis.addr)
+        assert not redis_peers.speaks_resp_arrays(line_server.addr, timeout=0.5)
+
+
+def test_twemproxy_gets_a_config_of_one_server_connection_and_proxies_a_get():
+    need_redis()
+    need_tool("nutcracker")
+    with RedisServer() as redis, contextlib.ExitStack() as stack:
+        control = RedisControl(redis.addr)
+        stack.callback(control.close)
+        assert control.command("SET planted value") == b"+OK\r\n"
+        relay = stack.enter_context(machinery.ExternalRelay("nutcracker", redis.addr))
+        config = Path(relay.directory.name) / "nutcracker.yml"
+        text = config.read_text(encoding="ascii")
+        assert f"listen: 127.0.0.1:{relay.addr[1]}\n" in text
+        assert f"   - 127.0.0.1:{redis.addr[1]}:1\n" in text
+        assert "  redis: true\n  hash: fnv1a_64\n  distribution: ketama\n  server_connections: 1\n" in text
+        with socket.create_connection(relay.addr, timeout=5) as client:
+            client.sendall(redis_peers.command(b"GET", b"planted"))
+            assert read_resp(redis_peers.Replies(client)) == b"$5\r\nvalue\r\n"
+        relay.stop()
+        assert not config.exists()   # stop() removes the directory
+
+
+def test_a_missing_peer_is_skipped_with_a_note_that_says_how_to_get_it(monkeypatch):
+    need_redis()
+    specs = [spec for spec in redis_peers.target_specs() if spec[0] in ("direct", "twemproxy")]
+    monkeypatch.setattr(redis_peers, "target_specs", lambda: specs)
+    monkeypatch.setattr(machinery.shutil, "which", lambda tool, path=None: None)
+    notes = []
+    with contextlib.ExitStack() as stack:
+        targets = redis_peers.start_targets(stack, notes)
+        assert [target.label for target in targets] == ["direct"]
+    assert notes == ["redis, twemproxy: skipped, nutcracker is not installed (`make bench-tools` installs it)"]
+
+
+def test_redis_rows_take_each_ratio_within_a_repetition_and_the_targets_read_them():
+    samples = {("direct", 64, 1): [(100.0, 64, None), (200.0, 65, None), (100.0, 64, None)],
+               ("socat", 64, 1): [(50.0, 64, 30.0), (100.0, 64, 40.0), (50.0, 64, 50.0)],
+               ("PassthroughProxy, placed", 64, 1): [(60.0, 64, 9.0), (90.0, 64, 8.0), (40.0, 64, 7.0)],
+               ("twemproxy", 64, 1): [(80.0, 1, 5.0), (80.0, 1, 5.0), (80.0, 1, 5.0)],
+               ("ManagedProxy(RESP) 1 conn, placed", 64, 1): [(40.0, 1, 9.0), (30.0, 1, 9.0), (20.0, 1, 9.0)]}
+    layers = {"direct": "-", "socat": "4", "PassthroughProxy, placed": "4", "twemproxy": "7",
+              "ManagedProxy(RESP) 1 conn, placed": "7"}
+    rows = {row["target"]: row for row in redis_peers.rows_from(samples, layers)}
+    passthrough = rows["PassthroughProxy, placed"]
+    assert passthrough["x_socat"] == {"median": 0.9, "low": 0.8, "high": 1.2}   # 60/50, 90/100, 40/50
+    assert passthrough["x_direct"]["median"] == 0.45   # 0.6, 0.45, 0.4
+    assert (passthrough["server_connections"], passthrough["cpu_us"]) == (64, 8.0)
+    assert rows["direct"]["server_connections"] == 64
+    section = {"rows": list(rows.values()),
+               "checks": [{"target": "ManagedProxy(RESP) 1 conn, placed", "requests": 10, "wrong": 0, "failed": 0}]}
+    assert redis_peers.targets(section) == [
+        ("redis: PassthroughProxy, placed >= 1.0x socat, 64 clients, pipeline 1", "0.90x", False),
+        ("redis: ManagedProxy(RESP) >= 0.4x twemproxy, 64 clients, pipeline 1, 1 server connection, 0 wrong",
+         "0.38x, 1 conn, 0 wrong", False),
+        ("redis: ManagedProxy(RESP) 1 conn, placed: every value read is the one written",
+         "0 wrong, 0 failed of 10", True)]
