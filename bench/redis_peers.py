@@ -70,8 +70,8 @@ class Direct(Running):
 
 
 def managed_takes_framing():
-    """True once Part two's ManagedSet takes a framing object (issue 18)."""
-    return "framing" in inspect.signature(managed.ManagedSet).parameters
+    """True once Part two's ManagedProxy (or the ManagedSet it builds) takes a framing object (issue 18)."""
+    return any("framing" in inspect.signature(part).parameters for part in (managed.ManagedProxy, managed.ManagedSet))
 
 
 def target_specs():
