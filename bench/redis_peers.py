@@ -15,8 +15,9 @@ for its reply (pipeline 1) and 16 at a time on each connection (-P 16):
 
 Every target has a redis-server of its own (the same binary and settings), so
 CLIENT LIST on it counts that target's server connections and no one else's:
-sampled on a control connection while redis-benchmark's clients are connected,
-the peak is the row's "server conns". The targets take turns within each
+sampled on a control connection every 20 ms while redis-benchmark runs; the
+median sample is the row's "server conns" (a peak would count connections a
+layer-4 relay has yet to close from the run before). The targets take turns within each
 repetition, a different one first each time; a ratio divides rates from the same
 repetition; a row is the median of the repetitions. Each project relay runs
 with bench/placement.py's mixin, and its row says "placed".
@@ -51,6 +52,7 @@ FRAMED_POOL_CAP = 8                # FramedProxy's connections to Redis
 RUN_SECONDS = 1.0                  # what a run aims at: -n is the rate seen last times this
 MIN_REQUESTS = 2000                # -n never below this, nor above MAX_REQUESTS
 MAX_REQUESTS = 1_000_000
+WARM_UP_REQUESTS = 10_000          # the most an untimed first run sends (no rate seen yet)
 BENCHMARK_TIMEOUT = 60.0           # seconds one redis-benchmark run may take before it is killed
 SAMPLE_EVERY = 0.02                # seconds between CLIENT LIST samples during a run
 CHECK_THREADS = 8                  # check_values(): threads, each with its own connection
@@ -169,16 +171,17 @@ def parse_rate(csv_text):
 
 
 def run_benchmark(target, clients, pipeline, requests):
-    """(requests/s, peak server connections, the relay's CPU microseconds per request
-    or None) of one redis-benchmark run against target."""
+    """(requests/s, server connections (the median of the samples taken while it
+    ran), the relay's CPU microseconds per request or None) of one redis-benchmark
+    run against target."""
     usage_before = target.relay_usage()
     process = subprocess.Popen(benchmark_argv(target.addr, clients, pipeline, requests), stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + BENCHMARK_TIMEOUT
-    peak = 0
+    connections = []
     try:
         while True:   # sample while its clients are connected: waiting on the process is the pause
-            peak = max(peak, target.server_connections())
+            connections.append(target.server_connections())
             try:
                 process.wait(SAMPLE_EVERY)
                 break
@@ -199,12 +202,12 @@ def run_benchmark(target, clients, pipeline, requests):
     if usage_before and usage_after:
         seconds = sum(usage_after[name] - usage_before[name] for name in ("user", "system"))
         cpu_us = seconds / requests * 1e6
-    return parse_rate(output), peak, cpu_us
+    return parse_rate(output), statistics.median(connections), cpu_us
 
 
 def requests_for(rate, clients, pipeline, seconds):
     """-n for a run of about `seconds` at the rate seen last (None: not yet seen)."""
-    wanted = rate * seconds if rate else 50 * clients * pipeline
+    wanted = rate * seconds if rate else min(10 * clients * pipeline, WARM_UP_REQUESTS)
     return int(min(MAX_REQUESTS, max(MIN_REQUESTS, wanted)))
 
 
@@ -362,7 +365,7 @@ def render_redis(section):
     text = table(
         f"Redis: redis-benchmark -t get through each target to a redis-server of its own, median of "
         f"{section['repetitions']} repetitions of about {section.get('run_seconds', RUN_SECONDS):g} s, targets "
-        "interleaved; ratios from the same repetition; server conns: the peak of CLIENT LIST during the run",
+        "interleaved; ratios from the same repetition; server conns: CLIENT LIST during the run (median sample)",
         ["target", "layer", "clients", "pipeline", "req/s", "range", "x direct", "x socat", "x twemproxy",
          "server conns", "relay CPU us/req"],
         [[row["target"], row["layer"], row["clients"], row["pipeline"], f"{row['rate']['median']:.0f}",

@@ -304,7 +304,8 @@ def test_parse_rate_reads_the_get_row_of_redis_benchmarks_csv():
 
 
 def test_requests_for_a_run_follow_the_last_rate_within_bounds():
-    assert redis_peers.requests_for(None, 64, 16, seconds=1.0) == 51_200   # 50 rounds of 64 x 16, untimed
+    assert redis_peers.requests_for(None, 8, 16, seconds=1.0) == redis_peers.MIN_REQUESTS   # 1,280 is below it
+    assert redis_peers.requests_for(None, 64, 16, seconds=1.0) == redis_peers.WARM_UP_REQUESTS   # not 10,240
     assert redis_peers.requests_for(30_000.4, 8, 1, seconds=1.0) == 30_000
     assert redis_peers.requests_for(100.0, 1, 1, seconds=1.0) == redis_peers.MIN_REQUESTS
     assert redis_peers.requests_for(1e9, 1, 1, seconds=1.0) == redis_peers.MAX_REQUESTS
