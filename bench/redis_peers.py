@@ -172,8 +172,7 @@ def parse_rate(csv_text):
 
 def run_benchmark(target, clients, pipeline, requests):
     """(requests/s, server connections (the median of the samples taken while it
-    ran), the relay's CPU microseconds per request or None) of one redis-benchmark
-    run against target."""
+    ran), the relay's per_request() usage) of one redis-benchmark run against target."""
     usage_before = target.relay_usage()
     process = subprocess.Popen(benchmark_argv(target.addr, clients, pipeline, requests), stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -197,12 +196,20 @@ def run_benchmark(target, clients, pipeline, requests):
         process.stdout.close()
     if process.returncode:
         raise RuntimeError(f"redis-benchmark through {target.label} exited with {process.returncode}")
-    usage_after = target.relay_usage()
-    cpu_us = None
-    if usage_before and usage_after:
-        seconds = sum(usage_after[name] - usage_before[name] for name in ("user", "system"))
-        cpu_us = seconds / requests * 1e6
-    return parse_rate(output), statistics.median(connections), cpu_us
+    return parse_rate(output), statistics.median(connections), per_request(usage_before, target.relay_usage(), requests)
+
+
+def per_request(before, after, requests):
+    """The relay's CPU microseconds and context switches per request between two
+    usage readings ({"cpu_us": None, "switches": None} for direct; switches None
+    for a tool, whose switches /proc does not sum)."""
+    if not (before and after):
+        return {"cpu_us": None, "switches": None}
+    seconds = sum(after[name] - before[name] for name in ("user", "system"))
+    switches = None
+    if after["voluntary"] is not None:
+        switches = sum(after[name] - before[name] for name in ("voluntary", "involuntary")) / requests
+    return {"cpu_us": seconds / requests * 1e6, "switches": switches}
 
 
 def requests_for(rate, clients, pipeline, seconds):
@@ -273,7 +280,7 @@ def redis_peers(repetitions, notes, run_seconds=RUN_SECONDS):
     if not (tool_path("redis-server") and tool_path("redis-benchmark")):
         notes.append(f"redis: skipped, needs redis-server and redis-benchmark ({GET_THEM.replace('it', 'them')})")
         return {"rows": [], "checks": [], "repetitions": repetitions}
-    samples = {}   # (label, clients, pipeline) -> [(rate, connections, cpu_us)] one per repetition
+    samples = {}   # (label, clients, pipeline) -> [(rate, connections, cpu_us, switches)] one per repetition
     last_rate = {}
     with contextlib.ExitStack() as stack:
         targets = start_targets(stack, notes)
@@ -289,14 +296,14 @@ def redis_peers(repetitions, notes, run_seconds=RUN_SECONDS):
                             last_rate[key], _, _ = run_benchmark(target, clients, pipeline,
                                                               requests_for(None, clients, pipeline, run_seconds))
                         try:
-                            rate, connections, cpu_us = run_benchmark(
+                            rate, connections, usage = run_benchmark(
                                 target, clients, pipeline, requests_for(last_rate[key], clients, pipeline, run_seconds))
                         except (OSError, RuntimeError, TimeoutError, ValueError) as error:
                             notes.append(f"redis, {target.label}, {clients} clients, pipeline {pipeline}: "
                                          f"{one_line(error)}")
-                            rate, connections, cpu_us = 0.0, 0, None
+                            rate, connections, usage = 0.0, 0, per_request(None, None, 1)
                         last_rate[key] = rate or last_rate[key]
-                        samples.setdefault(key, [None] * repetitions)[repetition] = (rate, connections, cpu_us)
+                        samples.setdefault(key, [None] * repetitions)[repetition] = (rate, connections, usage["cpu_us"], usage["switches"])
         checks = []
         for target in targets:
             progress(f"redis: checking values through {target.label}")
@@ -322,8 +329,15 @@ def rows_from(samples, layers):
                      "x_direct": ratios_to("direct"), "x_socat": ratios_to("socat"),
                      "x_twemproxy": ratios_to("twemproxy"),
                      "server_connections": statistics.median(run[1] for run in runs if run),
-                     "cpu_us": statistics.median(cpus) if (cpus := [run[2] for run in runs if run and run[2]]) else None})
+                     "cpu_us": median_of(run[2] for run in runs if run),
+                     "switches": median_of(run[3] for run in runs if run)})
     return rows
+
+
+def median_of(values):
+    """The median of the values that are not None, or None."""
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
 
 
 def targets(section):
@@ -367,11 +381,12 @@ def render_redis(section):
         f"{section['repetitions']} repetitions of about {section.get('run_seconds', RUN_SECONDS):g} s, targets "
         "interleaved; ratios from the same repetition; server conns: CLIENT LIST during the run (median sample)",
         ["target", "layer", "clients", "pipeline", "req/s", "range", "x direct", "x socat", "x twemproxy",
-         "server conns", "relay CPU us/req"],
+         "server conns", "relay CPU us/req", "switches/req"],
         [[row["target"], row["layer"], row["clients"], row["pipeline"], f"{row['rate']['median']:.0f}",
           low_high(row["rate"]), ratio_cell(row["x_direct"]), ratio_cell(row["x_socat"]),
           ratio_cell(row["x_twemproxy"]), f"{row['server_connections']:.0f}",
-          "-" if row.get("cpu_us") is None else f"{row['cpu_us']:.1f}"] for row in rows], left_columns=2)
+          "-" if row["cpu_us"] is None else f"{row['cpu_us']:.1f}",
+          "-" if row["switches"] is None else f"{row['switches']:.2f}"] for row in rows], left_columns=2)
     checks = table(
         f"Values checked: {CHECK_THREADS} threads SET random keys to random values and GET them back "
         "(half the pairs pipelined)",

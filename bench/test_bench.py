@@ -364,19 +364,21 @@ def test_a_missing_peer_is_skipped_with_a_note_that_says_how_to_get_it(monkeypat
 
 
 def test_redis_rows_take_each_ratio_within_a_repetition_and_the_targets_read_them():
-    samples = {("direct", 64, 1): [(100.0, 64, None), (200.0, 65, None), (100.0, 64, None)],
-               ("socat", 64, 1): [(50.0, 64, 30.0), (100.0, 64, 40.0), (50.0, 64, 50.0)],
-               ("PassthroughProxy, placed", 64, 1): [(60.0, 64, 9.0), (90.0, 64, 8.0), (40.0, 64, 7.0)],
-               ("twemproxy", 64, 1): [(80.0, 1, 5.0), (80.0, 1, 5.0), (80.0, 1, 5.0)],
-               ("ManagedProxy(RESP) 1 conn, placed", 64, 1): [(40.0, 1, 9.0), (30.0, 1, 9.0), (20.0, 1, 9.0)]}
+    samples = {("direct", 64, 1): [(100.0, 64, None, None), (200.0, 65, None, None), (100.0, 64, None, None)],
+               ("socat", 64, 1): [(50.0, 64, 30.0, None), (100.0, 64, 40.0, None), (50.0, 64, 50.0, None)],
+               ("PassthroughProxy, placed", 64, 1): [(60.0, 64, 9.0, 2.0), (90.0, 64, 8.0, 3.0),
+                                                     (40.0, 64, 7.0, 4.0)],
+               ("twemproxy", 64, 1): [(80.0, 1, 5.0, None)] * 3,
+               ("ManagedProxy(RESP) 1 conn, placed", 64, 1): [(40.0, 1, 9.0, 5.0), (30.0, 1, 9.0, 5.0),
+                                                              (20.0, 1, 9.0, 5.0)]}
     layers = {"direct": "-", "socat": "4", "PassthroughProxy, placed": "4", "twemproxy": "7",
               "ManagedProxy(RESP) 1 conn, placed": "7"}
     rows = {row["target"]: row for row in redis_peers.rows_from(samples, layers)}
     passthrough = rows["PassthroughProxy, placed"]
     assert passthrough["x_socat"] == {"median": 0.9, "low": 0.8, "high": 1.2}   # 60/50, 90/100, 40/50
     assert passthrough["x_direct"]["median"] == 0.45   # 0.6, 0.45, 0.4
-    assert (passthrough["server_connections"], passthrough["cpu_us"]) == (64, 8.0)
-    assert rows["direct"]["server_connections"] == 64
+    assert (passthrough["server_connections"], passthrough["cpu_us"], passthrough["switches"]) == (64, 8.0, 3.0)
+    assert (rows["direct"]["server_connections"], rows["direct"]["cpu_us"], rows["socat"]["switches"]) == (64, None, None)
     section = {"rows": list(rows.values()),
                "checks": [{"target": "ManagedProxy(RESP) 1 conn, placed", "requests": 10, "wrong": 0, "failed": 0}]}
     assert redis_peers.targets(section) == [
