@@ -94,7 +94,8 @@ def parse_arguments(argv=None):
                         help="3 short repetitions, and 1,000 clients only: under a minute on a busy machine")
     parser.add_argument("--json", metavar="FILE", help="write every raw figure to FILE")
     parser.add_argument("--profile", action="store_true",
-                        help="also profile PassthroughProxy and FramedProxy under load (cProfile, every thread)")
+                        help="also profile PassthroughProxy and FramedProxy under load (cProfile, every thread); "
+                             "with redis, PassthroughProxy and ManagedProxy(RESP) under redis-benchmark")
     parser.add_argument("--perf", action="store_true",
                         help="alternatives: count each Python relay's futex() calls with `perf stat` (Linux, root)")
     parser.add_argument("--only", metavar="SECTIONS",
@@ -129,6 +130,9 @@ def sections(arguments, notes):
     if arguments.profile:
         chosen.append("profile")
         every["profile"] = (lambda: mechanisms.profile(seconds=2 * seconds), mechanisms.render_profile)
+    if arguments.profile and "redis" in chosen:
+        chosen.append("redis_profile")
+        every["redis_profile"] = (lambda: redis_peers.profile(notes), redis_peers.render_profile)
     return [(name, *every[name]) for name in chosen]
 
 

@@ -16,8 +16,9 @@ for its reply (pipeline 1) and 16 at a time on each connection (-P 16):
 Every target has a redis-server of its own (the same binary and settings), so
 CLIENT LIST on it counts that target's server connections and no one else's:
 sampled on a control connection every 20 ms while redis-benchmark runs; the
-median sample is the row's "server conns" (a peak would count connections a
-layer-4 relay has yet to close from the run before). The targets take turns within each
+count seen most often is the row's "server conns" (a peak would count connections
+a layer-4 relay has yet to close from the run before, a median the ones not yet
+open while 64 clients connect). The targets take turns within each
 repetition, a different one first each time; a ratio divides rates from the same
 repetition; a row is the median of the repetitions. Each project relay runs
 with bench/placement.py's mixin, and its row says "placed".
@@ -171,8 +172,8 @@ def parse_rate(csv_text):
 
 
 def run_benchmark(target, clients, pipeline, requests):
-    """(requests/s, server connections (the median of the samples taken while it
-    ran), the relay's per_request() usage) of one redis-benchmark run against target."""
+    """(requests/s, server connections (the steady() count of the samples taken
+    while it ran), the relay's per_request() usage) of one redis-benchmark run against target."""
     usage_before = target.relay_usage()
     process = subprocess.Popen(benchmark_argv(target.addr, clients, pipeline, requests), stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -196,7 +197,13 @@ def run_benchmark(target, clients, pipeline, requests):
         process.stdout.close()
     if process.returncode:
         raise RuntimeError(f"redis-benchmark through {target.label} exited with {process.returncode}")
-    return parse_rate(output), statistics.median(connections), per_request(usage_before, target.relay_usage(), requests)
+    return parse_rate(output), steady(connections), per_request(usage_before, target.relay_usage(), requests)
+
+
+def steady(samples):
+    """The count seen most often (the larger of a tie): the connections held once every
+    client has connected and before any has left, however long connecting took."""
+    return max(statistics.multimode(samples))
 
 
 def per_request(before, after, requests):
@@ -368,6 +375,34 @@ def targets(section):
     return found
 
 
+PROFILED = (("PassthroughProxy, placed", "passthrough", {}, 20_000),
+            ("ManagedProxy(RESP) 1 conn, placed", "managed", {"connections": 1, "framing": resp.RESP}, 4_000))
+
+
+def profile(notes, clients=64):
+    """(--profile) Where the Python relays' CPU goes under redis-benchmark: every
+    thread profiled (cProfile), merged, the top functions by their own time."""
+    reports = {}
+    for label, kind, options, requests in PROFILED:
+        if kind == "managed" and not managed_takes_framing():
+            notes.append(f"redis profile, {label}: skipped, {NEEDS_REQUEST_FRAMING}")
+            continue
+        with RedisServer() as redis, ServiceProcess(kind, redis.addr, profile=True, **options) as proxy, \
+                contextlib.closing(Target(label, "-", redis, proxy)) as target:
+            rate, _, usage = run_benchmark(target, clients, 1, requests)
+            proxy.stop()
+        reports[label] = {"requests": requests, "clients": clients, "rate": rate, "cpu_us": usage["cpu_us"],
+                          "switches": usage["switches"], "profile": proxy.report["profile"]}
+    return reports
+
+
+def render_profile(section):
+    return "\n".join(f"Profile of {label} under redis-benchmark -t get -c {report['clients']} -n "
+                     f"{report['requests']}: {report['rate']:.0f} requests/s profiled, {report['cpu_us']:.0f} us "
+                     f"of CPU and {report['switches']:.1f} context switches per request, every thread profiled "
+                     f"(profiling slows it)\n{report['profile']}" for label, report in section.items())
+
+
 # --- the tables -----------------------------------------------------------------------------
 
 def ratio_cell(figures):
@@ -379,7 +414,7 @@ def render_redis(section):
     text = table(
         f"Redis: redis-benchmark -t get through each target to a redis-server of its own, median of "
         f"{section['repetitions']} repetitions of about {section.get('run_seconds', RUN_SECONDS):g} s, targets "
-        "interleaved; ratios from the same repetition; server conns: CLIENT LIST during the run (median sample)",
+        "interleaved; ratios from the same repetition; server conns: CLIENT LIST during the run, the count seen most often",
         ["target", "layer", "clients", "pipeline", "req/s", "range", "x direct", "x socat", "x twemproxy",
          "server conns", "relay CPU us/req", "switches/req"],
         [[row["target"], row["layer"], row["clients"], row["pipeline"], f"{row['rate']['median']:.0f}",

@@ -387,3 +387,8 @@ def test_redis_rows_take_each_ratio_within_a_repetition_and_the_targets_read_the
          "0.38x, 1 conn, 0 wrong", False),
         ("redis: ManagedProxy(RESP) 1 conn, placed: every value read is the one written",
          "0 wrong, 0 failed of 10", True)]
+
+
+def test_steady_connections_are_the_count_seen_most_often_not_the_peak_nor_the_ramp():
+    assert redis_peers.steady([0, 3, 8, 64, 64, 64, 80, 64, 12]) == 64   # 80: the run before's, closing
+    assert redis_peers.steady([1, 1, 8, 8]) == 8
