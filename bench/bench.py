@@ -99,7 +99,8 @@ def parse_arguments(argv=None):
     parser.add_argument("--perf", action="store_true",
                         help="alternatives: count each Python relay's futex() calls with `perf stat` (Linux, root)")
     parser.add_argument("--only", metavar="SECTIONS",
-                        help="comma-separated sections to run (default all): " + ", ".join(SECTION_NAMES))
+                        help="comma-separated sections to run (default all): " + ", ".join(SECTION_NAMES)
+                             + "; also profile, redis_profile (what --profile adds)")
     parser.add_argument("--repetitions", type=int, help="repetitions per comparison (default 5, quick 3)")
     parser.add_argument("--seconds", type=float, help="seconds per comparison measurement (default 1, quick 0.1)")
     return parser.parse_args(argv)
@@ -127,12 +128,12 @@ def sections(arguments, notes):
                                                   run_seconds=0.3 if arguments.quick else 1.0),
                   redis_peers.render_redis),
     }
+    every["profile"] = (lambda: mechanisms.profile(seconds=2 * seconds), mechanisms.render_profile)
+    every["redis_profile"] = (lambda: redis_peers.profile(notes), redis_peers.render_profile)
     if arguments.profile:
         chosen.append("profile")
-        every["profile"] = (lambda: mechanisms.profile(seconds=2 * seconds), mechanisms.render_profile)
     if arguments.profile and "redis" in chosen:
         chosen.append("redis_profile")
-        every["redis_profile"] = (lambda: redis_peers.profile(notes), redis_peers.render_profile)
     return [(name, *every[name]) for name in chosen]
 
 
