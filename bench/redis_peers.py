@@ -7,7 +7,8 @@ directly and through each target, at 1, 8 and 64 clients, each request waiting
 for its reply (pipeline 1) and 16 at a time on each connection (-P 16):
 
     layer 4, bytes   PassthroughProxy, socat, HAProxy (TCP mode): a connection to
-                     Redis per client, whatever the bytes say
+                     Redis per client, whatever the bytes say; and PassthroughProxy
+                     with the mechanism study's os.splice() pump (bench/mechanisms.py)
     layer 7, RESP    FramedProxy(framing=resp.RESP) cap 8, ManagedProxy(framing=
                      resp.RESP) over one connection, twemproxy (nutcracker) with
                      server_connections 1: they read where each request and reply
@@ -46,6 +47,7 @@ from scaffolding.redis_server import RedisControl, RedisServer, read_resp
 
 from bench.machinery import (START_TIMEOUT, ExternalRelay, Running, ServiceProcess, low_high, one_line, progress,
                              ratio, spread, table, tool_path)
+from bench.mechanisms import SplicePassthroughProxy
 
 CLIENT_COUNTS = (1, 8, 64)         # redis-benchmark -c
 PIPELINES = (1, 16)                # redis-benchmark -P: requests in flight on each connection
@@ -82,6 +84,8 @@ def target_specs():
     return [
         ("direct", "-", None, None),
         ("PassthroughProxy, placed", "4", None, lambda addr: ServiceProcess("passthrough", addr)),
+        ("PassthroughProxy, splice, placed", "4", None,   # the mechanism study's pump: bytes never enter Python
+         lambda addr: ServiceProcess(SplicePassthroughProxy, addr)),
         ("socat", "4", "socat", lambda addr: ExternalRelay("socat", addr)),
         ("haproxy", "4", "haproxy", lambda addr: ExternalRelay("haproxy", addr)),
         (f"FramedProxy(RESP) cap {FRAMED_POOL_CAP}, placed", "7", None,
