@@ -285,6 +285,24 @@ def check_values(addr, threads=CHECK_THREADS, pairs=CHECK_PAIRS, seed=None):
 
 # --- the section ---------------------------------------------------------------------------
 
+def measure(target, clients, pipeline, last_rate, run_seconds, notes):
+    """One timed run: (rate, connections, CPU us, switches per request); first an
+    untimed one where no rate has been seen (it warms the pools and sizes the run).
+    A run that fails is noted and counts as rate 0."""
+    key = (target.label, clients, pipeline)
+    try:
+        if key not in last_rate:
+            last_rate[key] = run_benchmark(target, clients, pipeline,
+                                           requests_for(None, clients, pipeline, run_seconds))[0]
+        rate, connections, usage = run_benchmark(
+            target, clients, pipeline, requests_for(last_rate[key], clients, pipeline, run_seconds))
+    except (OSError, RuntimeError, TimeoutError, ValueError) as error:
+        notes.append(f"redis, {target.label}, {clients} clients, pipeline {pipeline}: {one_line(error)}")
+        return (0.0, 0, None, None)
+    last_rate[key] = rate or last_rate[key]
+    return (rate, connections, usage["cpu_us"], usage["switches"])
+
+
 def redis_peers(repetitions, notes, run_seconds=RUN_SECONDS):
     """Every target at every client count and pipeline depth, interleaved within
     each repetition; then the correctness pass through each."""
@@ -292,7 +310,7 @@ def redis_peers(repetitions, notes, run_seconds=RUN_SECONDS):
         notes.append(f"redis: skipped, needs redis-server and redis-benchmark ({GET_THEM.replace('it', 'them')})")
         return {"rows": [], "checks": [], "repetitions": repetitions}
     samples = {}   # (label, clients, pipeline) -> [(rate, connections, cpu_us, switches)] one per repetition
-    last_rate = {}
+    last_rate = {}   # (label, clients, pipeline) -> the rate its last run measured
     with contextlib.ExitStack() as stack:
         targets = start_targets(stack, notes)
         for repetition in range(repetitions):
@@ -302,19 +320,8 @@ def redis_peers(repetitions, notes, run_seconds=RUN_SECONDS):
                              f"pipeline {pipeline}")
                     turn = repetition % len(targets)
                     for target in targets[turn:] + targets[:turn]:
-                        key = (target.label, clients, pipeline)
-                        if key not in last_rate:   # untimed: warms the pools, sizes the runs
-                            last_rate[key], _, _ = run_benchmark(target, clients, pipeline,
-                                                              requests_for(None, clients, pipeline, run_seconds))
-                        try:
-                            rate, connections, usage = run_benchmark(
-                                target, clients, pipeline, requests_for(last_rate[key], clients, pipeline, run_seconds))
-                        except (OSError, RuntimeError, TimeoutError, ValueError) as error:
-                            notes.append(f"redis, {target.label}, {clients} clients, pipeline {pipeline}: "
-                                         f"{one_line(error)}")
-                            rate, connections, usage = 0.0, 0, per_request(None, None, 1)
-                        last_rate[key] = rate or last_rate[key]
-                        samples.setdefault(key, [None] * repetitions)[repetition] = (rate, connections, usage["cpu_us"], usage["switches"])
+                        samples.setdefault((target.label, clients, pipeline), [None] * repetitions)[repetition] = \
+                            measure(target, clients, pipeline, last_rate, run_seconds, notes)
         checks = []
         for target in targets:
             progress(f"redis: checking values through {target.label}")
@@ -418,7 +425,8 @@ def render_redis(section):
     text = table(
         f"Redis: redis-benchmark -t get through each target to a redis-server of its own, median of "
         f"{section['repetitions']} repetitions of about {section.get('run_seconds', RUN_SECONDS):g} s, targets "
-        "interleaved; ratios from the same repetition; server conns: CLIENT LIST during the run, the count seen most often",
+        "interleaved; ratios from the same repetition; server conns: CLIENT LIST during the run, "
+        "the count seen most often",
         ["target", "layer", "clients", "pipeline", "req/s", "range", "x direct", "x socat", "x twemproxy",
          "server conns", "relay CPU us/req", "switches/req"],
         [[row["target"], row["layer"], row["clients"], row["pipeline"], f"{row['rate']['median']:.0f}",
