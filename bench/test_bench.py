@@ -192,8 +192,9 @@ def test_threaded_load_generator_counts_every_round_trip_of_every_thread():
 
 
 def test_bench_md_stays_within_its_size_bound():
-    # issue 10: about 15 KB; issue 16 moved the placement and backlog notes here from tcp_proxy.py
-    assert (Path(__file__).parent / "BENCH.md").stat().st_size <= 16_500
+    # issue 10: about 15 KB; issue 16 moved the placement and backlog notes here from tcp_proxy.py;
+    # issue 18 added the Redis table beside the real peers (48 rows, about 5 KB, and its notes)
+    assert (Path(__file__).parent / "BENCH.md").stat().st_size <= 24_000
 
 
 # --- the head-of-line bench ----------------------------------------------------------------
