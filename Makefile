@@ -21,13 +21,15 @@ managed:
 part3:
 	$(PYTHON) demo.py --part3
 
-# Part three needs a real redis-server on PATH: `make test` installs Debian's package
-# when there is none (as root, with no stdin, as CI runs). Where that cannot be done,
-# it says how, and Part three's tests skip, except under CI=true, where they fail.
+# Part three needs a real redis-server on PATH, and its tests drive it with real clients,
+# redis-cli and redis-benchmark (Debian's redis-tools): `make test` installs both packages
+# when one is missing (as root, with no stdin, as CI runs). Where that cannot be done,
+# it says how, and those tests skip, except under CI=true, where they fail.
 redis-server:
-	@command -v redis-server >/dev/null || { export DEBIAN_FRONTEND=noninteractive; \
-	   apt-get update && apt-get install -y --no-install-recommends redis-server < /dev/null; } || \
-	   echo "make: could not install redis-server; as root: apt-get install redis-server"
+	@{ command -v redis-server && command -v redis-cli && command -v redis-benchmark; } >/dev/null || \
+	   { export DEBIAN_FRONTEND=noninteractive; apt-get update && \
+	     apt-get install -y --no-install-recommends redis-server redis-tools < /dev/null; } || \
+	   echo "make: could not install redis-server; as root: apt-get install redis-server redis-tools"
 
 # The bench's Redis tests start twemproxy (Debian's nutcracker) and read what
 # redis-benchmark (redis-tools) prints: installed as redis-server is, when missing.
@@ -103,7 +105,7 @@ bench-tools:
 
 # The randomized proof at 10,000 examples instead of the suite's 200 (minutes, not seconds).
 soak: $(VENV_PYTHON)
-	SOAK=10000 $(VENV_PYTHON) -m pytest -q tests/test_properties.py part3/test_resp.py part3/test_tagged.py
+	SOAK=10000 $(VENV_PYTHON) -m pytest -q tests/test_properties.py part3/test_resp.py part3/test_real_clients.py part3/test_tagged.py
 
 clean:
 	rm -rf $(VENV) .demo-hashes .managed-hashes .part3-hashes .pytest_cache .hypothesis .ruff_cache

@@ -63,13 +63,15 @@ def no_leaks():
 
 # --- helpers the test files share (imported as `from conftest import ...`) -------------
 
-def need_redis():
-    """Skip without redis-server, except in CI (CI=true), where its absence is a failure."""
-    if shutil.which("redis-server") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("redis-server is not on PATH, and CI must run Part three's tests: "
-                        "`make redis-server` installs it")
-        pytest.skip("redis-server is not on PATH (`make redis-server` installs it)")
+def need_redis(*tools):
+    """Skip without redis-server (and each of `tools`, e.g. "redis-cli", Debian's redis-tools),
+    except in CI (CI=true), where their absence is a failure."""
+    for program in ("redis-server", *tools):
+        if shutil.which(program) is None:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"{program} is not on PATH, and CI must run Part three's tests: "
+                            "`make redis-server` installs it")
+            pytest.skip(f"{program} is not on PATH (`make redis-server` installs it)")
 
 
 def transcript_section(transcript, title):

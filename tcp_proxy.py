@@ -26,8 +26,9 @@ reaches n and raises TimeoutError, naming every counter, if it does not.
 demo.py sequences every step on them instead of sleeping.
 
 The order a request takes through FramedProxy:
-    client line -> read_lines() -> exchange(): checkout() (a quiet idle connection, or a
-    new one) -> sendall -> read_reply() -> in_step() -> checkin() -> the reply to the client
+    client bytes -> requests() (the framing says where each ends) -> refusal() -> exchange():
+    checkout() (a quiet idle connection, or a new one) -> sendall -> read_reply() -> in_step()
+    -> checkin() -> the reply to the client
 """
 import collections
 import contextlib
@@ -387,8 +388,9 @@ class NaiveProxy(Relay):
 # --- the pool that parses ----------------------------------------------------
 
 class LineFraming:
-    """The toy protocol as the pool reads it: where a reply ends, and which replies
-    can answer a request. FramedProxy takes any object with these three names."""
+    """The toy protocol as the pool reads it: where a request and a reply end, which
+    replies can answer a request, what it refuses, and how it writes an error.
+    FramedProxy takes any object with these names."""
     max_reply = MAX_LINE   # a longer reply is a peer out of step, not a reply
 
     def reply_size(self, buffer):
@@ -401,6 +403,31 @@ class LineFraming:
         command, _, key = request.rstrip(b"\r\n").partition(b" ")
         expected = {b"GET": key + b"=", b"PING": b"PONG\n"}.get(command, b"ERR ")
         return reply.startswith((b"ERR ", expected))
+
+    def reply_parser(self):
+        """What reads one reply as it grows (a line is bounded: a fresh search costs little)."""
+        return self.reply_size
+
+    def request_size(self, buffer):
+        """The length of the whole request line at the start of buffer, None if it has not
+        ended; a b"\\r" before its end, or MAX_LINE bytes and no end, is a ValueError."""
+        end = buffer.find(b"\n")
+        if end < 0 and len(buffer) > MAX_LINE:
+            raise LineTooLong(f"line longer than {MAX_LINE} bytes")
+        if b"\r" in buffer[:max(end, 0)].rstrip(b"\r"):   # not a line end, and not a byte to pass on
+            raise ValueError(f"a \\r not followed by \\n: {bytes(buffer[:40])!r}")
+        return None if end < 0 else end + 1
+
+    def request_parser(self):
+        return self.request_size
+
+    def refusal(self, request):
+        """Why this request may not reach a pooled connection, or None: an empty one never does."""
+        return "an empty request" if not request.strip() else None
+
+    def error(self, message):
+        """An error in the protocol's own form: one ERR line."""
+        return b"ERR %s\n" % message.replace("\n", " ").encode()
 
 
 LINES = LineFraming()
@@ -416,10 +443,15 @@ class FramedProxy(Server):
     release="framed" checks a connection in once framing says the reply has ended,
     and only if it is in step (in_step(), quiet()); release="timeout" checks it in
     once the upstream has been silent for release_timeout seconds, and checks nothing.
-    An upstream silent for reply_timeout seconds mid-exchange costs the client an ERR line.
+    The framing also says where each request ends, what is refused before any borrow
+    (an empty request; for Redis, what cannot be shared), and how an error is written.
+    The deadlines, each costing the client an error in the protocol's form: the upstream
+    silent for reply_timeout (5 s) mid-reply; the whole reply not in within exchange_timeout
+    (10 s), however it trickles; no connection free for a borrower within checkout_timeout (5 s).
 
     Methods a subclass may override (demo's scenarios and Part two do):
       handle(client)            read the client's requests, write each reply back
+      requests(client)          the client's whole requests, in order, as the framing cuts them
       exchange(request)         one request's whole trip: checkout, send, read, check, checkin
       read_reply(sock, buffer)  where the reply ends: the load-bearing method
       in_step(request, reply, rest), quiet(sock)
@@ -430,9 +462,10 @@ class FramedProxy(Server):
     # discarded        connections closed after an error or a hang-up; bumped by checkin()
     # dirty            connections closed because the upstream was out of step; bumped by checkin()
     # partial_replies  framed reads that held part of a reply and went back for more
+    framing = LINES   # what a subclass that skips __init__ (Part two's ManagedProxy) frames with
 
     def __init__(self, upstream_addr, pool_cap=1, release="framed", release_timeout=0.05,
-                 framing=LINES, reply_timeout=5.0):
+                 framing=LINES, reply_timeout=5.0, exchange_timeout=10.0, checkout_timeout=5.0):
         if release not in ("framed", "timeout"):
             raise ValueError(f"release is 'framed' or 'timeout', not {release!r}")
         super().__init__()
@@ -442,16 +475,35 @@ class FramedProxy(Server):
         self.release = release
         self.release_timeout = release_timeout
         self.reply_timeout = reply_timeout
+        self.exchange_timeout = exchange_timeout
+        self.checkout_timeout = checkout_timeout
         self.idle = []     # connections checked in, ready to lend
         self.open = 0      # connections open now, idle or lent; never above pool_cap
         self._pool = self._lock   # notified by checkin(), and by close() to end all waits
 
     def handle(self, client):
-        for line in read_lines(client):
-            client.sendall(self.exchange(line + b"\n"))
+        try:
+            for request in self.requests(client):
+                refusal = self.framing.refusal(request)   # refused before any borrow: never sent up
+                client.sendall(self.framing.error(f"tcp-proxy: {refusal}") if refusal else self.exchange(request))
+        except ValueError as error:   # a malformed request: nothing after it can be framed
+            client.sendall(self.framing.error(str(error)))
+
+    def requests(self, client):
+        """Yield each whole request the client sends, in order, however its writes cut or
+        join them; return at EOF. The framing says where each ends (ValueError if malformed)."""
+        buffer = bytearray()
+        size = self.framing.request_parser()   # keeps its place in the request between recv()s
+        while data := recv(client):
+            buffer += data
+            while (length := size(buffer)) is not None:
+                request = bytes(buffer[:length])
+                del buffer[:length]   # from the front of a bytearray: no copy of the rest
+                size = self.framing.request_parser()
+                yield request
 
     def exchange(self, request):
-        """Send one request upstream and return its reply, or an ERR line if that fails."""
+        """Send one request upstream and return its reply, or an error if that fails."""
         sock = None
         outcome = "discarded"
         try:
@@ -462,15 +514,18 @@ class FramedProxy(Server):
             return reply
         except (OutOfStep, OSError) as error:
             outcome = "dirty" if isinstance(error, OutOfStep) else "discarded"
-            return b"ERR upstream: %s\n" % str(error).encode()
+            return self.framing.error(f"upstream: {error}")
         finally:
             if sock:   # a connection that failed or is out of step is never lent again
                 self.checkin(sock, outcome)
 
     def checkout(self):
-        """Lend an idle connection that is quiet, else open one below the cap, else wait."""
+        """Lend an idle connection that is quiet, else open one below the cap, else wait
+        (checkout_timeout at most: TimeoutError)."""
         with self._pool:
-            self._pool.wait_for(lambda: self.idle or self.open < self.pool_cap or self.closed)
+            if not self._pool.wait_for(lambda: self.idle or self.open < self.pool_cap or self.closed,
+                                       self.checkout_timeout):
+                raise TimeoutError(f"no upstream connection free within {self.checkout_timeout:g} s")
             if self.closed:
                 raise ConnectionAbortedError("proxy closed")
             while self.idle:   # each one that is not quiet is closed, freeing its slot
@@ -504,19 +559,38 @@ class FramedProxy(Server):
         where it stops is where the pool believes the upstream has finished.
         """
         buffer = bytearray(buffer)   # grows in place: reading a long reply stays linear
+        deadline = time.monotonic() + self.exchange_timeout   # for the whole reply, however it trickles
         if self.release == "framed":   # over when the framing finds the reply's end
-            while (size := self.framing.reply_size(buffer)) is None:
-                if len(buffer) > self.framing.max_reply:
-                    raise OutOfStep(f"out of step: a reply longer than {self.framing.max_reply} bytes")
-                if buffer:
-                    self.count("partial_replies")
-                buffer += more_of_reply(sock)
+            parse = self.framing.reply_parser()   # keeps its place: a reply is parsed once
+            try:
+                while (size := parse(buffer)) is None:
+                    if len(buffer) > self.framing.max_reply:
+                        raise OutOfStep(f"out of step: a reply longer than {self.framing.max_reply} bytes")
+                    if buffer:
+                        self.count("partial_replies")
+                    buffer += self.more_before(sock, deadline)
+            except ValueError as error:   # bytes no reply starts with: the upstream is out of step
+                raise OutOfStep(f"out of step: {error}") from None
             return bytes(buffer[:size]), bytes(buffer[size:])
         # "timeout": over when the upstream, once it has begun, says nothing for release_timeout
-        buffer += more_of_reply(sock)
-        while select.select([sock], [], [], self.release_timeout)[0]:
-            buffer += more_of_reply(sock)
+        buffer += self.more_before(sock, deadline)
+        poller = select.poll()   # not select(): that fails on descriptors above 1023
+        poller.register(sock, select.POLLIN)
+        while poller.poll(self.release_timeout * 1000):
+            buffer += self.more_before(sock, deadline)
         return bytes(buffer), b""
+
+    def more_before(self, sock, deadline):
+        """more_of_reply(), waiting no longer than reply_timeout, nor past the deadline."""
+        try:
+            if (remaining := deadline - time.monotonic()) <= 0:
+                raise TimeoutError("the deadline has passed")
+            sock.settimeout(min(self.reply_timeout or remaining, remaining))
+            return more_of_reply(sock)
+        except TimeoutError:
+            if time.monotonic() < deadline:
+                raise   # a silence longer than reply_timeout: the socket's own "timed out"
+            raise TimeoutError(f"no whole reply within {self.exchange_timeout:g} s") from None
 
     # The checks a production pool makes before it lends a connection again: the
     # upstream must not have said anything out of turn. scaffolding.faults.TrustingPool switches

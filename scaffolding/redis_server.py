@@ -5,7 +5,7 @@ tests. A reader of the lesson need not read this module: it starts a real Redis 
     RedisServer        redis-server on a free port, no persistence, in a temporary
                        directory; close() stops it and waits for it
     RedisControl       the scenario's own connection to Redis (SET, CLIENT PAUSE)
-    read_resp()        one whole RESP reply from a socket, framed by resp.reply_size()
+    read_resp()        one whole RESP reply from a socket, framed by resp.Parser
     redis_and_control()  both, ended as an ExitStack unwinds
 """
 import os
@@ -117,7 +117,8 @@ class RedisControl:
 
 def read_resp(reader):
     """One whole RESP reply from reader.sock, keeping what is read past it in reader.unread."""
-    while (size := resp.reply_size(reader.unread)) is None:
+    reply_size = resp.Parser(resp.MAX_REPLY).size   # keeps its place: a long reply is parsed once
+    while (size := reply_size(reader.unread)) is None:
         data = reader.sock.recv(4096)
         if not data:
             raise ConnectionResetError(f"EOF in the middle of a reply: {reader.unread!r}")

@@ -1,0 +1,457 @@
+"""FramedProxy(framing=resp.RESP) for real Redis clients: requests framed whole (arrays
+and inline commands), refused when they cannot be shared, errors in RESP's form, a
+linear parse and deadlines; then redis-cli, redis-py and redis-benchmark through it,
+each checking that every value it reads is the one it wrote.
+
+The five findings of issue 18 are the tests named after what they prove:
+smuggling, session commands, blank lines, the quadratic framing, the unframeable reply.
+"""
+import os
+import random
+import re
+import socket
+import subprocess
+import threading
+import time
+import types
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import need_redis
+from part3 import resp
+from part3.resp import RESP
+from scaffolding import redis_server
+from tcp_proxy import LINES, MAX_LINE, FramedProxy, Server, read_lines
+
+EXAMPLES = int(os.environ.get("SOAK", "40"))
+
+
+def array(*words):
+    """A request as every client library writes it: an array of bulk strings."""
+    items = [word if isinstance(word, bytes) else str(word).encode() for word in words]
+    return b"*%d\r\n" % len(items) + b"".join(b"$%d\r\n%s\r\n" % (len(item), item) for item in items)
+
+
+def reader_of(sock):
+    return types.SimpleNamespace(sock=sock, unread=b"")   # what redis_server.read_resp() reads from
+
+
+@pytest.fixture(scope="module")
+def redis():
+    """One private redis-server for this module's tests."""
+    need_redis()
+    with redis_server.RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def control(redis):
+    connection = redis_server.RedisControl(redis.addr)
+    yield connection
+    connection.close()
+
+
+def framed_pool(redis, **options):
+    return FramedProxy(redis.addr, framing=RESP, **options)
+
+
+# --- request framing, by hand and at random -------------------------------------------------
+
+@pytest.mark.parametrize("buffer, size", [
+    (array("GET", "a"), 20),
+    (array("GET", "a") + array("GET", "b"), 20),        # pipelined: the first ends where it ends
+    (array("SET", "k", "a\r\nb"), len(array("SET", "k", "a\r\nb"))),   # a value may hold \r\n
+    (b"*2\r\n$3\r\nGET\r\n$1\r\na\r", None),
+    (b"*2\r\n$3\r\nGET\r\n", None),
+    (b"*2", None),
+    (b"GET a\r\nGET b\r\n", 7),                         # an inline command
+    (b"GET a\n", 6),                                    # redis-server also ends one at a bare \n
+    (b"GET a", None),
+    (b"\r\n", 2),                                       # a blank line: whole, and refused
+    (b"*0\r\n", 4),
+    (b"", None),
+], ids=repr)
+def test_request_size_by_hand(buffer, size):
+    assert RESP.request_size(buffer) == size
+    assert RESP.request_size(bytearray(buffer)) == size
+
+
+@pytest.mark.parametrize("buffer", [
+    b"*1\r\r$4\r\rPING\r\r",              # redis-server reads \r plus any byte as a line end here
+    b"*1\r\n$4\r\rPING\r\n",
+    b"*1\r\n$4\r\nPING\r\r",               # the bytes after a bulk string must be \r\n
+    b"GET a\rb\r\n",                        # inline: a \r that ends nothing
+    b"*1\r\n:1\r\n",                        # a request array holds bulk strings only
+    b"*1\r\n*1\r\n$1\r\na\r\n",
+    b"*1\r\n$-1\r\n",
+    b"*x\r\n", b"*1\n",
+    b"*2000000\r\n",                        # longer than max_request: it could never be buffered
+    b"*2\r\n$600000\r\n" + b"x" * 600000 + b"\r\n$600000\r\n",   # each part fits; the whole would not
+    b"G" * (resp.MAX_INLINE + 1),
+])
+def test_a_malformed_request_is_a_value_error(buffer):
+    with pytest.raises(ValueError):
+        RESP.request_size(buffer)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(requests=st.lists(st.lists(st.binary(min_size=1, max_size=30), min_size=1, max_size=5), min_size=1,
+                         max_size=6),
+       points=st.lists(st.integers(0, 10**6), max_size=10))
+def test_pipelined_arrays_cut_anywhere_are_framed_back_one_by_one_as_sent(requests, points):
+    sent = [array(*words) for words in requests]
+    stream = b"".join(sent)
+    edges = sorted({0, len(stream), *(point % (len(stream) + 1) for point in points)})
+    framed, buffer, size = [], bytearray(), RESP.request_parser()
+    for start, end in zip(edges, edges[1:]):
+        buffer += stream[start:end]
+        while (length := size(buffer)) is not None:
+            framed.append(bytes(buffer[:length]))
+            del buffer[:length]
+            size = RESP.request_parser()
+    assert framed == sent and buffer == b""
+    assert [resp.words(request) for request in framed] == requests
+
+
+def test_the_line_framing_frames_requests_by_line_and_refuses_a_bare_carriage_return_and_an_overlong_line():
+    assert [LINES.request_size(buffer) for buffer in (b"GET a\nGET b\n", b"GET a\r\n", b"GET a", b"\n")] == \
+        [6, 7, None, 1]
+    for malformed in (b"GET a\rGET b\n", b"G" * (MAX_LINE + 1)):
+        with pytest.raises(ValueError):
+            LINES.request_size(malformed)
+    assert (LINES.refusal(b"\r\n"), LINES.refusal(b"GET a\n")) == ("an empty request", None)
+
+
+def test_words_and_fits_see_the_real_command_not_the_arrays_count():
+    assert resp.words(array("brpoplpush", "a", "b", "0")) == [b"brpoplpush", b"a", b"b", b"0"]
+    assert resp.words(b"  GET\t a  \r\n") == [b"GET", b"a"]
+    assert RESP.fits(array("GET", "a"), b"$1\r\nx\r\n")
+    assert not RESP.fits(array("GET", "a"), b"+PONG\r\n")   # with `*2` as its command, anything fitted
+
+
+def test_errors_are_written_in_each_protocols_own_form():
+    assert RESP.error("upstream: gone\r\nEXTRA") == b"-ERR upstream: gone  EXTRA\r\n"
+    assert LINES.error("upstream: gone") == b"ERR upstream: gone\n"
+
+
+# --- finding 1: request smuggling ---------------------------------------------------------
+
+SMUGGLED = (b"*1\r\r$4\r\rPING\r\r*4\r\r$10\r\rBRPOPLPUSH\r\r$4\r\rfeed\r\r$9\r\rbalance:1\r\r"
+            b"$1\r\r0\r\n")   # the issue's line: PING, then a BRPOPLPUSH that blocks the connection
+
+
+def test_a_request_hiding_a_second_behind_bare_carriage_returns_is_refused_and_reaches_no_one(redis, control):
+    control.command("DEL feed balance:1")
+    control.command("SET balance:2 victims-own")
+    with framed_pool(redis, pool_cap=1) as proxy:
+        with socket.create_connection(proxy.addr, timeout=10) as attacker:
+            attacker.sendall(SMUGGLED)
+            reply = redis_server.read_resp(reader_of(attacker))
+            assert reply == b"-ERR a \\r not followed by \\n: b'*1\\r\\r'\r\n"
+            assert attacker.recv(1) == b""   # nothing after it can be framed: the connection ends
+        with socket.create_connection(proxy.addr, timeout=10) as victim:
+            victim.sendall(array("GET", "balance:2"))
+            assert redis_server.read_resp(reader_of(victim)) == b"$11\r\nvictims-own\r\n"
+        assert proxy.opened == 1
+    assert b"cmdstat_brpoplpush" not in control.command("INFO commandstats")
+
+
+def test_the_line_pool_in_front_of_redis_refuses_the_smuggling_line_too(redis):
+    with FramedProxy(redis.addr, framing=LINES) as proxy:
+        with socket.create_connection(proxy.addr, timeout=10) as attacker:
+            attacker.sendall(SMUGGLED)
+            assert next(read_lines(attacker)).startswith(b"ERR a \\r not followed by \\n")
+        assert proxy.opened == 0
+
+
+# --- finding 2: session state -----------------------------------------------------------
+
+@pytest.mark.parametrize("words, rule", [
+    (("MULTI",), "MULTI changes the connection's state (a transaction is queued on it)"),
+    (("subscribe", "news"), "SUBSCRIBE turns the connection into a stream of pushes no request asked for"),
+    (("SELECT", "5"), "SELECT changes the connection's state"),
+    (("AUTH", "hunter2"), "AUTH changes the connection's state"),
+    (("HELLO", "3"), "HELLO changes the connection's state"),
+    (("CLIENT", "setname", "a"), "CLIENT SETNAME changes the connection's state"),
+    (("BLPOP", "jobs", "0"), "BLPOP holds the connection for as long as it waits"),
+    (("XREAD", "BLOCK", "0", "STREAMS", "s", "$"), "XREAD BLOCK holds the connection for as long as it waits"),
+])
+def test_a_command_that_changes_or_holds_the_connection_is_refused_naming_its_rule_and_never_sent(
+        redis, control, words, rule):
+    with framed_pool(redis) as proxy, socket.create_connection(proxy.addr, timeout=10) as client:
+        reader = reader_of(client)
+        client.sendall(array(*words) + array("SET", "after", "fine") + array("CLIENT", "INFO"))
+        assert redis_server.read_resp(reader) == \
+            b"-ERR tcp-proxy: %s; a pool cannot lend it\r\n" % rule.encode()
+        assert redis_server.read_resp(reader) == b"+OK\r\n"   # the client goes on, on a clean connection
+        pooled = redis_server.read_resp(reader)
+        assert re.search(rb" db=0 sub=0 psub=0 (ssub=0 )?multi=-1 ", pooled), pooled
+        assert proxy.opened == 1
+
+
+def test_after_a_refused_multi_the_next_borrowers_set_is_not_queued_and_exec_is_refused(redis, control):
+    with framed_pool(redis, pool_cap=1) as proxy, socket.create_connection(proxy.addr, timeout=10) as a, \
+            socket.create_connection(proxy.addr, timeout=10) as b:
+        a.sendall(array("MULTI"))
+        assert redis_server.read_resp(reader_of(a)).startswith(b"-ERR tcp-proxy: MULTI")
+        b.sendall(array("SET", "b-key", "b-value"))
+        assert redis_server.read_resp(reader_of(b)) == b"+OK\r\n"   # not +QUEUED
+        a.sendall(array("EXEC"))
+        assert redis_server.read_resp(reader_of(a)).startswith(b"-ERR tcp-proxy: EXEC")
+    assert control.command("GET b-key") == b"$7\r\nb-value\r\n"
+
+
+def test_the_refusal_list_is_one_table_and_every_rule_in_it_is_named():
+    rules = set(resp.UNSHAREABLE.values())
+    assert rules == {resp.TRANSACTION, resp.SUBSCRIBED, resp.SESSION, resp.BLOCKS, resp.CLOSES}
+    assert RESP.refusal(array("GET", "block")) is None
+    assert RESP.refusal(array("XREAD", "COUNT", "1", "STREAMS", "block", "0")) is None   # a key, not the option
+    assert RESP.refusal(b'"MULTI"\r\n') == "an inline command with quotes (send it as a RESP array)"
+    assert RESP.refusal(b"multi\r\n").startswith("MULTI changes")
+
+
+# --- finding 3: blank lines -----------------------------------------------------------------
+
+@pytest.mark.parametrize("framing, blank, error", [
+    (RESP, b"\r\n", b"-ERR tcp-proxy: an empty request\r\n"),
+    (RESP, b"  \r\n", b"-ERR tcp-proxy: an empty request\r\n"),
+    (RESP, b"*0\r\n", b"-ERR tcp-proxy: an empty request\r\n"),
+    (LINES, b"\r\n", b"ERR tcp-proxy: an empty request\n"),
+], ids=["resp-crlf", "resp-spaces", "resp-empty-array", "lines-crlf"])
+def test_a_blank_request_is_answered_at_once_and_never_sent_upstream(redis, framing, blank, error):
+    with FramedProxy(redis.addr, framing=framing) as proxy, \
+            socket.create_connection(proxy.addr, timeout=2.5) as client:   # well under reply_timeout (5 s)
+        client.sendall(blank * 3)
+        received = b""
+        while len(received) < 3 * len(error):
+            received += client.recv(4096)
+        assert received == error * 3
+        assert proxy.opened == 0
+
+
+# --- finding 4: the framing is linear ---------------------------------------------------------
+
+LONG_LIST = 98_000   # elements of 4 bytes: a 980,008-byte LRANGE reply, just under max_reply
+
+
+def long_reply():
+    return b"*%d\r\n" % LONG_LIST + b"$4\r\nvvvv\r\n" * LONG_LIST
+
+
+def test_a_980_kb_reply_read_in_4_kb_pieces_is_parsed_once_line_by_line():
+    reply, buffer, size = long_reply(), bytearray(), RESP.reply_parser()
+    for start in range(0, len(reply), 4096):
+        buffer += reply[start:start + 4096]
+        end = size(buffer)
+    assert (end, len(reply), size.__self__.lines) == (980_008, 980_008, LONG_LIST + 1)
+
+
+def test_a_980_kb_lrange_through_the_pool_frames_in_a_few_seconds_at_most_not_thirty(redis, control):
+    control.command("DEL long")
+    for _ in range(LONG_LIST // 1000):
+        control.command("RPUSH long " + " ".join(["vvvv"] * 1000))
+    with framed_pool(redis) as proxy, socket.create_connection(proxy.addr, timeout=60) as client:
+        started = time.monotonic()
+        client.sendall(array("LRANGE", "long", "0", "-1"))
+        received = 0
+        while received < len(long_reply()):   # counted, not parsed: only the pool's parse is timed
+            received += len(client.recv(1 << 16))
+        elapsed = time.monotonic() - started
+    assert received == 980_008
+    assert elapsed < 5.0, f"{elapsed:.2f} s (0.4 s measured on a loaded machine; 55 s when it was quadratic)"
+
+
+# --- finding 5: a reply RESP cannot frame ------------------------------------------------------
+
+class ScriptedByRequest(Server):
+    """A fake Redis that answers each inline request line with replies[line], as given."""
+    counters = {**Server.counters, "requests": 0}
+    # requests  request lines read; bumped per line, before its reply is written
+
+    def __init__(self, replies):
+        super().__init__()
+        self.replies = replies
+
+    def handle(self, conn):
+        for line in read_lines(conn):
+            self.count("requests")
+            conn.sendall(self.replies[line.rstrip(b"\r")])
+
+
+@pytest.mark.parametrize("bad", [b"%1\r\n+a\r\n+b\r\n", b"$x\r\n", b"_\r\n"], ids=["resp3-map", "bad-length",
+                                                                                    "resp3-null"])
+def test_a_reply_resp_cannot_frame_costs_an_error_and_its_connection_and_the_pipelined_requests_are_served(bad):
+    with ScriptedByRequest({b"GET bad": bad, b"GET good": b"$4\r\nfine\r\n"}) as upstream, \
+            FramedProxy(upstream.addr, framing=RESP) as proxy, \
+            socket.create_connection(proxy.addr, timeout=10) as client:
+        reader = reader_of(client)
+        client.sendall(b"GET bad\r\nGET good\r\n")
+        assert redis_server.read_resp(reader).startswith(b"-ERR upstream: out of step: ")
+        assert redis_server.read_resp(reader) == b"$4\r\nfine\r\n"
+        assert (proxy.opened, proxy.dirty, proxy.released) == (2, 1, 1)
+
+
+# --- issue 17, finding 7: a deadline for the whole reply, and for checkout ---------------------
+
+class Trickle(Server):
+    """An upstream that answers every request with a long reply, one byte at a time, a
+    byte every `interval` seconds: never silent for long, never done."""
+    counters = {**Server.counters, "requests": 0}
+    # requests  request lines read; bumped before the trickle starts
+
+    def __init__(self, interval):
+        super().__init__()
+        self.interval = interval
+
+    def handle(self, conn):
+        for _ in read_lines(conn):
+            self.count("requests")
+            for byte in b"$60\r\n" + b"t" * 60 + b"\r\n":
+                with self._lock:   # the fault's own pace, cut short by close(), which notifies
+                    if self._lock.wait_for(lambda: self.closed, self.interval):
+                        return
+                conn.sendall(bytes([byte]))
+
+
+def test_a_trickling_reply_costs_an_error_at_the_exchange_deadline_and_a_waiting_borrower_one_at_checkout():
+    with Trickle(interval=0.05) as upstream, \
+            FramedProxy(upstream.addr, framing=RESP, reply_timeout=1.0, exchange_timeout=2.0,
+                        checkout_timeout=0.5) as proxy, \
+            socket.create_connection(proxy.addr, timeout=10) as first, \
+            socket.create_connection(proxy.addr, timeout=10) as second:
+        started = time.monotonic()
+        first.sendall(b"GET a\r\n")
+        upstream.wait_requests(1)
+        second.sendall(b"GET b\r\n")
+        assert redis_server.read_resp(reader_of(second)) == \
+            b"-ERR upstream: no upstream connection free within 0.5 s\r\n"
+        assert redis_server.read_resp(reader_of(first)) == b"-ERR upstream: no whole reply within 2 s\r\n"
+        elapsed = time.monotonic() - started
+        assert (proxy.opened, proxy.discarded) == (1, 1)
+    assert elapsed >= 2.0   # and the error, not the value: the trickle takes 67 x 0.05 s = 3.35 s at least
+
+
+def test_the_defaults_bound_each_silence_the_whole_reply_and_the_wait_for_a_connection():
+    with FramedProxy(("127.0.0.1", 9)) as proxy:
+        assert (proxy.reply_timeout, proxy.exchange_timeout, proxy.checkout_timeout) == (5.0, 10.0, 5.0)
+
+
+# --- issue 17, finding 4 (its timeout half): poll(), not select() --------------------------------
+
+def test_the_timeout_release_waits_with_poll_so_a_descriptor_above_1023_works(redis):
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"descriptors are capped at {hard} here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]   # what is opened next is above 1023
+    try:
+        with FramedProxy(redis.addr, framing=RESP, release="timeout", release_timeout=0.05) as proxy, \
+                socket.create_connection(proxy.addr, timeout=10) as client:
+            client.sendall(b"PING\r\n")
+            assert redis_server.read_resp(reader_of(client)) == b"+PONG\r\n"
+    finally:
+        for descriptor in fillers:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# --- pipelining ------------------------------------------------------------------------------------
+
+def test_a_client_pipelining_arrays_and_inline_commands_in_one_write_is_answered_in_order(redis, control):
+    with framed_pool(redis, pool_cap=2) as proxy, socket.create_connection(proxy.addr, timeout=10) as client:
+        requests = [array("SET", f"pipe{n}", f"value{n}") for n in range(50)]
+        requests += [array("GET", f"pipe{n}") if n % 2 else b"GET pipe%d\r\n" % n for n in range(50)]
+        client.sendall(b"".join(requests))
+        reader = reader_of(client)
+        replies = [redis_server.read_resp(reader) for _ in requests]
+    assert replies == [b"+OK\r\n"] * 50 + [b"$%d\r\nvalue%d\r\n" % (len(b"value%d" % n), n) for n in range(50)]
+
+
+# --- real clients ------------------------------------------------------------------------------------
+
+def random_pairs(rng, count, prefix):
+    return {f"{prefix}:{rng.getrandbits(64):016x}": rng.randbytes(rng.randint(0, 300)).hex() for _ in range(count)}
+
+
+def test_redis_cli_sets_and_gets_through_the_pool(redis):
+    need_redis("redis-cli")
+    rng = random.Random(18)
+    pairs = random_pairs(rng, 20, "cli")
+    wrong = 0
+    with framed_pool(redis, pool_cap=2) as proxy:
+        port = str(proxy.addr[1])
+        for key, value in pairs.items():
+            run = subprocess.run(["redis-cli", "-p", port, "SET", key, value], capture_output=True, timeout=30)
+            assert (run.stdout, run.returncode) == (b"OK\n", 0), run
+        for key, value in pairs.items():
+            run = subprocess.run(["redis-cli", "-p", port, "GET", key], capture_output=True, timeout=30)
+            wrong += run.stdout != value.encode() + b"\n"
+        refused = subprocess.run(["redis-cli", "-p", port, "MULTI"], capture_output=True, timeout=30)
+    assert wrong == 0
+    assert refused.stdout.startswith(b"ERR tcp-proxy: MULTI changes the connection's state")   # not a tty: no "(error)"
+
+
+def redis_py_client(proxy, **options):
+    import redis as redis_py
+    return redis_py.Redis(host=proxy.addr[0], port=proxy.addr[1], protocol=2, socket_timeout=30, **options)
+
+
+def test_redis_py_pooled_client_reads_back_every_value_it_wrote(redis):
+    rng = random.Random(1818)
+    pairs = random_pairs(rng, 300, "py")
+    with framed_pool(redis, pool_cap=4) as proxy:
+        client = redis_py_client(proxy)
+        try:
+            for key, value in pairs.items():
+                assert client.set(key, value) is True
+            wrong = sum(client.get(key) != value.encode() for key, value in pairs.items())
+            with client.pipeline(transaction=False) as pipe:   # pipelined: one write, many requests
+                for key in pairs:
+                    pipe.get(key)
+                piped = pipe.execute()
+        finally:
+            client.close()
+            client.connection_pool.disconnect()
+    assert wrong == 0
+    assert piped == [value.encode() for value in pairs.values()]
+
+
+def test_several_threads_sharing_one_redis_py_client_each_read_their_own_values(redis):
+    threads_count, each = 8, 100
+    wrong = [0] * threads_count
+    with framed_pool(redis, pool_cap=3) as proxy:
+        client = redis_py_client(proxy, max_connections=threads_count)
+
+        def work(index):
+            rng = random.Random(index)
+            for key, value in random_pairs(rng, each, f"thread{index}").items():
+                client.set(key, value)
+                wrong[index] += client.get(key) != value.encode()
+
+        threads = [threading.Thread(target=work, args=(index,)) for index in range(threads_count)]
+        try:
+            for thread in threads:
+                thread.start()
+        finally:
+            for thread in threads:
+                thread.join()
+            client.close()
+            client.connection_pool.disconnect()
+    assert wrong == [0] * threads_count
+
+
+@pytest.mark.parametrize("pipeline", [1, 16])
+def test_redis_benchmark_completes_get_and_set_through_the_pool_with_no_error(redis, control, pipeline):
+    need_redis("redis-benchmark")
+    with framed_pool(redis, pool_cap=8) as proxy:
+        run = subprocess.run(["redis-benchmark", "-p", str(proxy.addr[1]), "-t", "get,set", "-n", "2000",
+                              "-c", "8", "-P", str(pipeline), "-q", "-e"],
+                             capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert run.returncode == 0, run
+        assert [line.split(b":")[0] for line in run.stdout.replace(b"\r", b"\n").split(b"\n")
+                if b"requests per second" in line] == [b"SET", b"GET"]
+        assert b"ERR" not in run.stdout + run.stderr
+        assert proxy.dirty == 0
+    assert control.command("STRLEN key:__rand_int__") == b":3\r\n"   # what its SETs wrote: 3 bytes
