@@ -1,12 +1,18 @@
 """The managed layer's claims, each pinned with exact figures (see managed.py's map)."""
+import contextlib
 import inspect
+import math
 import os
+import random
 import re
+import resource
 import socket
+import string
 import subprocess
 import sys
 import threading
 import time
+import types
 
 import pytest
 from hypothesis import given, settings
@@ -16,9 +22,13 @@ from part2 import managed
 from part2.managed import (ClusterServiceUnavailable, CommunicationError, ManagedClient, ManagedError, ManagedProxy,
                      ManagedSet, MessageLost, MessageTimeout, RealClock, ReliabilityCache, ServiceUnavailable,
                      VirtualClock)
-from conftest import ROOT
-from part2.managed_demo import ask, in_background
-from scaffolding.faults import FaultyUpstream
+from conftest import ROOT, need_redis
+from part2.managed_demo import ask, in_background, outcome
+from part3.resp import RESP
+from scaffolding import kit
+from scaffolding.faults import DishonestUpstream, FaultyUpstream
+from scaffolding.redis_server import RedisControl, read_resp, redis_and_control
+from tcp_proxy import MAX_LINE, FramedProxy, Hooks, LineFraming, answer, read_lines, shutdown
 
 HERE = str(ROOT)
 A, B = ("127.0.0.2", 7001), ("127.0.0.2", 7002)   # cache keys only: nothing listens there
@@ -129,7 +139,7 @@ def test_derived_cache_forwards_errors_and_successes_inherits_live_and_needs_its
     assert child.setting("policy") == "none"
 
 
-def test_availability_hook_is_asked_on_every_check():
+def test_the_availability_callback_is_asked_on_every_check():
     asked = []
     cache = ReliabilityCache(availability=lambda addr: asked.append(addr) or addr != B)
     assert cache.is_enabled(A) and not cache.is_enabled(B) and cache.is_enabled(A)
@@ -342,6 +352,7 @@ def test_a_failed_initial_ping_fails_every_waiting_call_and_sends_no_user_reques
         calls = [in_background(client.call, b"GET secret\n") for _ in range(2)]
         client.wait_calls(2)
         upstream.wait_requests(1)
+        client.wait_waiting(2)   # both wait on the ping: advanced sooner, one could time out as "no connection"
         assert client.state == "connecting"
         clock.advance(1.0)
         assert [call.result() for call in calls] == ["MessageTimeout: initial ping not answered within 1.0s"] * 2
@@ -776,7 +787,7 @@ def test_a_64_mib_request_to_an_upstream_that_never_reads_times_out_and_so_does_
         client.shut_down()
 
 
-def test_hooks_that_call_load_from_4_threads_x_200_calls_never_deadlock():
+def test_callbacks_that_call_load_from_4_threads_x_200_calls_never_deadlock():
     with FaultyUpstream() as upstream:
         loads = []
         cache = ReliabilityCache(availability=lambda addr: loads.append(managed_set.load()) or True)
@@ -791,15 +802,15 @@ def test_hooks_that_call_load_from_4_threads_x_200_calls_never_deadlock():
         managed_set.shut_down()
 
 
-def test_a_hook_may_call_the_client_it_hears_from_even_on_the_initial_pings_answer():
+def test_a_callback_may_call_the_client_it_hears_from_even_on_the_initial_pings_answer():
     with FaultyUpstream() as upstream:
-        from_hook = []
+        from_callback = []
 
         def on_event(source, event):
-            if event[1:3] == ("connecting", "up") and not from_hook:
-                from_hook.append(client.call(b"GET h\n"))   # needs the reader thread the event came from
+            if event[1:3] == ("connecting", "up") and not from_callback:
+                from_callback.append(client.call(b"GET h\n"))   # needs the reader thread the event came from
         client = ManagedClient(upstream.addr, initial_ping=True, msg_timeout=5.0, on_event=on_event)
-        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n" and from_hook == [b"h=HHHHHHHHHHHH\n"]
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n" and from_callback == [b"h=HHHHHHHHHHHH\n"]
         client.shut_down()
 
 
@@ -975,7 +986,7 @@ def test_below_pending_calls_norm_the_busiest_client_is_packed_as_in_ocamlnet():
     managed_set.shut_down()
 
 
-def test_a_derived_cache_asks_each_availability_hook_once():
+def test_a_derived_cache_asks_each_availability_callback_once():
     asked = []
     parent = ReliabilityCache(availability=lambda addr: asked.append("parent") or True)
     child = parent.derive(policy="independent")
@@ -1004,3 +1015,350 @@ def test_difference_pick_asks_the_cache_about_every_service_before_it_chooses():
                              rcache=ReliabilityCache(availability=lambda addr: asked.append(addr) or True))
     assert managed_set.pick()[1] == 0 and asked == [A, B]
     managed_set.shut_down()
+
+
+# --- issue 17: no single fault wedges a client, and a set never refuses everything because of its own cache ---
+
+def ask_once(addr, line):
+    """One request line through a proxy; its reply read whole, however long (ask() stops at MAX_LINE)."""
+    with socket.create_connection(addr, timeout=Hooks.hook_timeout) as sock:
+        sock.sendall(line)
+        reply = b""
+        while not reply.endswith(b"\n") and (data := sock.recv(65536)):
+            reply += data
+    return reply
+
+
+def test_a_request_just_over_max_line_is_answered_whole_as_framed_proxy_answers_it_and_disables_nothing():
+    key = b"k" * (MAX_LINE + 4)   # GET and 65,540 bytes: once cut to MAX_LINE, its own reply no longer fit it
+    honest = key + b"=KKKKKKKKKKKK\n"
+    with FaultyUpstream() as upstream:
+        with FramedProxy(upstream.addr) as framed:
+            assert ask_once(framed.addr, b"GET " + key + b"\n") == honest
+        with ManagedProxy([(upstream.addr, 1)]) as proxy:   # with the set's own cache, as a user gets it
+            assert ask_once(proxy.addr, b"GET " + key + b"\n") == honest
+            assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
+            client = proxy.managed_set.clients[0][0]
+            assert (proxy.answered, proxy.failed, client.errors, client.connects) == (2, 0, 0, 1)
+            assert proxy.managed_set.rcache.disables == 0
+
+
+def test_a_callback_that_raises_is_counted_logged_once_and_changes_no_call_and_no_state(caplog):
+    seen = []
+
+    def on_event(source, event):
+        seen.append(event[1:3])
+        raise RuntimeError("a bug in the user's callback")
+    with FaultyUpstream() as upstream:
+        client = ManagedClient(upstream.addr, idle_timeout=0, msg_timeout=5.0, on_event=on_event)
+        replies = [client.call(b"GET %d\n" % n) for n in range(4)]   # each call connects: 3 transitions
+        assert replies == [b"%d=%d" % (n, n) + b"%d" % n * 11 + b"\n" for n in range(4)]
+        assert seen == [("down", "connecting"), ("connecting", "up"), ("up", "down")] * 4
+        assert (client.callback_errors, client.errors, client.connects, client.state) == (12, 0, 4, "down")
+        client.shut_down()
+    logged = [record for record in caplog.records if record.name == "part2.managed"]
+    assert len(logged) == 1 and "ManagedClient" in logged[0].getMessage() and logged[0].exc_info
+
+
+def test_a_raising_attempt_callback_never_replaces_the_reply_and_a_raising_cache_callback_changes_nothing():
+    def raises(*args):
+        raise RuntimeError("a bug in the user's callback")
+    with FaultyUpstream() as upstream:
+        managed_set = ManagedSet([(upstream.addr, 1)], rcache=ReliabilityCache(), on_event=raises)
+        assert managed_set.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"   # its "attempt ... ok" raised
+        assert managed_set.callback_errors == 1 and managed_set.clients[0][0].callback_errors == 2
+        managed_set.shut_down()
+    cache = ReliabilityCache(policy="independent", availability=raises, on_event=raises, clock=VirtualClock())
+    assert cache.is_enabled(A)   # an availability callback that raises has no say
+    cache.record_error(A)        # the window opens; its on_event raised
+    assert (cache.disables, cache.callback_errors, cache.is_enabled(A)) == (1, 2, False)
+
+
+def test_a_write_that_must_wait_on_a_descriptor_above_1023_times_out_cleanly_and_frees_the_write_turn():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"needs 2,048 descriptors, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    fillers = []   # descriptors taking every number up to 1023, so the client's socket gets a higher one
+    try:
+        while not fillers or fillers[-1] < 1024:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+        with FaultyUpstream(on_connect="deaf") as upstream:
+            client = ManagedClient(upstream.addr, msg_timeout=1.0)   # real time: the write must block, and wait
+            big = in_background(client.call, b"GET " + b"k" * (64 << 20) + b"\n")   # more than buffers hold
+            assert big.result() == "MessageTimeout: request not sent within 1.0s"
+            assert (client.sent, client.written, client.errors, client.state) == (1, 0, 1, "down")
+            assert client.transition_log[-1][2] == "a request not written in time"
+            client.shut_down()
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_one_service_proxy_whose_connects_are_refused_errs_at_once_and_answers_once_its_upstream_is_back():
+    upstream = FaultyUpstream()
+    upstream.close()
+    try:
+        with ManagedProxy([(upstream.addr, 1)]) as proxy:   # the defaults, with the set's own cache
+            started = time.monotonic()
+            assert ask(proxy.addr, ["GET a", "GET b", "GET c"]) == [
+                "ERR CommunicationError: cannot connect: Connection refused"] * 3
+            assert time.monotonic() - started < 1.0   # was 10.0 s to the first ERR: two idempotent_waits
+            # b and c found the only service disabled (a's window: 1 s, on the real clock) and tried it anyway
+            assert (proxy.managed_set.attempts, proxy.managed_set.retries, proxy.managed_set.refusals) == (3, 0, 0)
+            upstream.restart()
+            assert ask(proxy.addr, ["GET d"]) == ["d=DDDDDDDDDDDD"]   # at once, window or no window
+            assert proxy.managed_set.refusals == 0 and proxy.managed_set.rcache.is_enabled(upstream.addr)
+    finally:
+        upstream.close()
+
+
+def test_a_one_service_set_never_refuses_because_of_one_lost_message():
+    clock = VirtualClock()
+    with FaultyUpstream() as upstream:
+        managed_set = ManagedSet([(upstream.addr, 1)], clock=clock)
+        upstream.fail_next(1)
+        assert outcome(managed_set.call, b"GET a\n") == "MessageLost: upstream closed the connection"
+        assert not managed_set.rcache.is_enabled(upstream.addr)   # disabled for 1 s, and the only one
+        assert managed_set.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
+        assert (managed_set.refusals, managed_set.panics, clock.now()) == (0, 1, 0.0)
+        managed_set.shut_down()
+
+
+def test_with_every_service_disabled_by_its_own_cache_a_set_tries_the_one_whose_window_ends_first():
+    clock = VirtualClock()
+    with FaultyUpstream() as b:
+        dead_a = closed_port_addr()
+        managed_set = ManagedSet([(dead_a, 1), (b.addr, 1)], policy="failover", clock=clock)
+        managed_set.rcache.record_error(b.addr)   # B disabled from 0 to 1 s
+        clock.advance(0.5)
+        managed_set.rcache.record_error(dead_a)   # A from 0.5 to 1.5 s: B's window ends first
+        assert managed_set.call(b"GET k\n") == b"k=KKKKKKKKKKKK\n"
+        assert (managed_set.attempts, managed_set.panics, managed_set.refusals) == (1, 1, 0)
+        managed_set.rcache.record_error(b.addr)   # B again, from 0.5 to 2.5 s: now A's ends first
+        assert outcome(managed_set.call, b"GET k\n") == "CommunicationError: cannot connect: Connection refused"
+        assert (managed_set.attempts, managed_set.panics) == (2, 2)   # A refused; no service left untried
+        managed_set.rcache.configure(availability=lambda addr: False)   # a callback that refuses is obeyed
+        assert outcome(managed_set.call, b"GET k\n").startswith("ClusterServiceUnavailable")
+        managed_set.shut_down()
+    given = ReliabilityCache(policy="independent", clock=clock)   # a cache the user gives: Ocamlnet's rule
+    ocamlnet = ManagedSet([(A, 1)], rcache=given, clock=clock)
+    given.record_error(A)
+    with pytest.raises(ClusterServiceUnavailable):
+        ocamlnet.pick()
+    ocamlnet.shut_down()
+
+
+@contextlib.contextmanager
+def upstream_on_ipv6_loopback():
+    """Scaffolding: the toy protocol served on ::1, one connection at a time; yields its .addr, a 4-tuple."""
+    listener = socket.create_server(("::1", 0), family=socket.AF_INET6)
+
+    def serve():
+        with contextlib.suppress(OSError):   # shutdown() below ends accept()
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    for line in read_lines(conn):
+                        conn.sendall(answer(line))
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()
+    finally:
+        shutdown(listener)
+        thread.join()
+        listener.close()
+
+
+def test_an_upstreams_own_ipv6_address_a_4_tuple_works_for_a_client_and_a_proxy():
+    with upstream_on_ipv6_loopback() as addr:
+        assert len(addr) == 4
+        client = ManagedClient(addr)
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n" and client.state == "up"
+        client.shut_down()
+        with ManagedProxy([(addr, 1)]) as proxy:
+            assert ask(proxy.addr, ["GET b", "PING"]) == ["b=BBBBBBBBBBBB", "PONG"]
+            assert proxy.managed_set.rcache.errors == 0
+
+
+def test_a_bad_address_is_a_value_error_at_once_and_leaves_nothing_made():
+    for bad in [("::1",), ("127.0.0.1", "7001"), ("127.0.0.1", 0), ("127.0.0.1", 70000),
+                ("127.0.0.1", 7001, 0), "127.0.0.1:7001", (b"127.0.0.1", 7001), ("", 7001)]:
+        for make in (ManagedClient, lambda addr: ManagedSet([(addr, 1)]), lambda addr: ManagedProxy([(addr, 1)])):
+            with pytest.raises(ValueError, match="an address is"):
+                make(bad)
+
+
+def test_shut_down_from_callbacks_on_six_clients_own_watchdogs_shuts_every_client_and_joins_every_thread():
+    clock = VirtualClock()
+    returned = threading.Condition()   # notified as each callback's shut_down() returns
+    shut_by = set()                    # the clients whose up -> down callback shut the set down and returned
+
+    def on_event(source, event):
+        if event[1:3] == ("up", "down"):   # an idle timeout: on that client's watchdog thread
+            managed_set.shut_down()
+            with returned:
+                shut_by.add(source)
+                returned.notify_all()
+    with FaultyUpstream(gate=6) as upstream:   # no reply until six calls are in: six clients
+        managed_set = ManagedSet([(upstream.addr, 6)], clock=clock, idle_timeout=5.0, on_event=on_event)
+        calls = [in_background(managed_set.call, b"GET a\n") for _ in range(6)]
+        assert [call.result() for call in calls] == ["a=AAAAAAAAAAAA"] * 6
+        clients = list(managed_set.clients[0])
+        assert len(clients) == 6
+        clock.advance(5.0)   # every watchdog ends its connection at once; each callback shuts the set down
+        with returned:
+            assert returned.wait_for(lambda: len(shut_by) == 6, Hooks.hook_timeout), shut_by
+        assert [client.state for client in clients] == ["down"] * 6
+        assert [outcome(client.call, b"GET b\n") for client in clients] == ["ManagedError: client shut down"] * 6
+        assert sum(client.callback_errors for client in clients) == 0
+        managed_set.shut_down()   # from here: joins the thread the first callback ran on
+
+
+def test_timeouts_as_users_write_them_inf_and_1e10_mean_never_and_nan_is_a_value_error():
+    with FaultyUpstream() as upstream:
+        for never in (math.inf, 1e10):
+            for fatal in (False, True):
+                client = ManagedClient(upstream.addr, msg_timeout=never, idle_timeout=never,
+                                       msg_timeout_is_fatal=fatal, initial_ping=True)
+                assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n" and client.state == "up"
+                client.shut_down()
+    for setting in ("msg_timeout", "idle_timeout"):
+        for bad in (math.nan, "1.0", None):
+            with pytest.raises(ValueError, match=setting):
+                ManagedClient(A, **{setting: bad})
+    for bad in (math.nan, -1.0):
+        with pytest.raises(ValueError, match="idempotent_wait"):
+            ManagedSet([(A, 1)], idempotent_wait=bad)
+
+
+def test_virtual_clock_advance_refuses_nan_inf_and_negatives_and_moves_nothing():
+    clock = VirtualClock(start=1.0)
+    for bad in (math.nan, math.inf, -math.inf, -0.5):
+        with pytest.raises(ValueError, match="forward"):
+            clock.advance(bad)
+    clock.advance(0.5)
+    assert clock.now() == 1.5
+
+
+# --- Part two over RESP (issue 18): the framing reaches every client ----------------------
+
+def test_a_reply_the_framing_cannot_read_is_out_of_step_and_costs_the_call_owed_message_lost():
+    with FaultyUpstream() as upstream:   # it answers in the toy protocol: no RESP reply ends with a bare \n
+        client = ManagedClient(upstream.addr, framing=RESP)
+        assert outcome(client.call, b"GET a\r\n").startswith(
+            "MessageLost: upstream out of step: a reply resp.RESP cannot frame (a RESP line ended by a bare \\n")
+        assert (client.errors, client.replies, client.state) == (1, 0, "down")
+        client.shut_down()
+
+
+def test_the_framings_max_reply_bounds_a_reply_that_has_not_ended():
+    class ShortLines(LineFraming):
+        max_reply = 16
+
+    with FaultyUpstream(hold={2}, split_at=20) as upstream:   # reply 2: its first 20 bytes, then held
+        client = ManagedClient(upstream.addr, framing=ShortLines())
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"   # 15 bytes
+        assert outcome(client.call, b"GET " + b"k" * 40 + b"\n") == \
+            "MessageLost: upstream out of step: a reply longer than 16 bytes"
+        upstream.release()
+        assert (client.errors, client.state) == (1, "down")
+        client.shut_down()
+    with DishonestUpstream("endless") as endless:   # MAX_LINE + 1 bytes and no end: LINES' own bound
+        client = ManagedClient(endless.addr)
+        assert outcome(client.call, b"GET a\n") == \
+            f"MessageLost: upstream out of step: a reply longer than {MAX_LINE} bytes"
+        client.shut_down()
+
+
+def test_a_managed_client_over_resp_pipelines_behind_a_blocked_call_and_matches_replies_in_order():
+    need_redis()
+    with contextlib.ExitStack() as stack:
+        redis, control = redis_and_control(stack)
+        values = [b"one", b"two", b"three", b"four"]
+        for n, value in enumerate(values):
+            assert control.command(f"SET pipelined:{n} {value.decode()}") == b"+OK\r\n"
+        client = ManagedClient(redis.addr, framing=RESP)
+        stack.callback(client.shut_down)
+        blocked = in_background(client.call, b"BLPOP gate 0\r\n")   # Redis answers nothing behind it until a push
+        client.wait_written(1)
+        gets = []
+        for n in range(4):
+            gets.append(in_background(client.call, b"GET pipelined:%d\r\n" % n))
+            client.wait_written(n + 2)
+        assert (client.replies, client.pending_calls, client.connects) == (0, 5, 1)   # five on one connection
+        assert control.command("LPUSH gate x") == b":1\r\n"
+        assert blocked.result() == "*2\r\n$4\r\ngate\r\n$1\r\nx\r"   # outcome() drops the last b"\n"
+        assert [get.result() for get in gets] == [f"${len(value)}\r\n{value.decode()}\r" for value in values]
+
+
+def test_a_managed_proxy_over_resp_gives_8_threads_their_own_random_values_over_one_redis_connection():
+    need_redis()
+    with contextlib.ExitStack() as stack:
+        redis, control = redis_and_control(stack)
+        proxy = stack.enter_context(ManagedProxy([(redis.addr, 1)], framing=RESP))
+
+        def wrong_values(seed):
+            """SET random keys to random values directly, then GET each through the proxy; count the wrong ones."""
+            chooser = random.Random(seed)
+            direct = RedisControl(redis.addr)
+            wrong = 0
+            with contextlib.closing(direct), socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as sock:
+                reader = types.SimpleNamespace(sock=sock, unread=b"")
+                for _ in range(50):
+                    key = f"managed:{seed}:{chooser.randrange(10 ** 9)}"
+                    value = "".join(chooser.choices(string.ascii_letters + string.digits, k=chooser.randint(1, 40)))
+                    assert direct.command(f"SET {key} {value}") == b"+OK\r\n"
+                    sock.sendall(f"GET {key}\r\n".encode())   # an inline command, as redis-server reads them
+                    wrong += read_resp(reader) != f"${len(value)}\r\n{value}\r\n".encode()
+            return wrong
+        workers = [kit.Background(wrong_values, seed) for seed in range(8)]
+        assert [worker.result() for worker in workers] == [0] * 8
+        (client,) = proxy.managed_set.clients[0]
+        assert (proxy.answered, proxy.failed, client.connects, client.errors) == (400, 0, 1, 0)
+        readers = [line for line in control.command("CLIENT LIST").split(b"\n") if b" cmd=get " in line]
+        assert len(readers) == 1   # every GET came over one connection (the direct ones last sent SET)
+
+
+# --- the calls one connection owes, on their own (no socket, no thread) -------------------
+
+def test_owed_calls_keep_write_order_and_an_abandoned_call_keeps_its_place_until_its_reply():
+    owed = managed.OwedCalls()
+    calls = [managed.Call(b"GET %d\n" % n, None) for n in range(3)]
+    for call in calls:
+        owed.append(call)
+    for call, overdue_at in ((calls[0], 5.0), (calls[2], 3.0)):   # as _time_out() abandons them
+        call.abandoned, call.overdue_at = True, overdue_at
+    assert (len(owed), owed.abandoned(), owed.waited_for(), owed.overdue_deadline()) == (3, 2, 1, 3.0)
+    assert owed[0] is calls[0] and owed[-1] is calls[2]
+    assert owed.popleft() is calls[0]   # the next reply settles the oldest, abandoned or not
+    assert (owed.abandoned(), owed.waited_for(), owed.overdue_deadline()) == (1, 1, 3.0)
+    owed.remove(calls[2])   # late_replies="forget"
+    assert list(owed) == [calls[1]] and owed.overdue_deadline() is None and owed.abandoned() == 0
+    connection = managed.Connection()
+    connection.idle_since = 10.0
+    assert [connection.idle_deadline(seconds) for seconds in (-1, 0, math.inf, 5.0)] == [None, None, None, 15.0]
+    connection.owed.append(managed.Call(b"GET a\n", None))   # a call owed: not idle
+    assert connection.idle_deadline(5.0) is None
+
+
+def test_callbacks_queued_under_the_lock_are_made_once_it_is_let_go_each_whatever_the_one_before_did():
+    guard, owner = managed.CallbackLock(), ReliabilityCache()
+    made, inside = [], []
+
+    def note(number):
+        made.append((number, bool(inside)))
+        if number == 1:
+            raise RuntimeError("a bug in the user's callback")
+    with guard.held():
+        inside.append(True)
+        for number in (1, 2, 3):
+            guard.queue(owner, note, number)
+        assert made == []   # nothing is made while the lock is held
+        inside.clear()
+    assert made == [(1, False), (2, False), (3, False)] and owner.callback_errors == 1
+    with guard.held():
+        pass
+    assert len(made) == 3   # each made once
