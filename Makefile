@@ -92,7 +92,7 @@ bench-quick:
 bench-part3:
 	$(PYTHON) -m bench.bench_part3
 
-# redis-benchmark through the project's Redis relays and the real ones (about five minutes).
+# redis-benchmark through the project's Redis relays and the real ones (about three minutes).
 bench-redis:
 	$(PYTHON) -m bench --only redis
 

@@ -1,6 +1,6 @@
 """bench.redis_peers: the project's relays beside the real ones, on real Redis.
 
-    python3 -m bench --only redis      (make bench-redis) about five minutes
+    python3 -m bench --only redis      (make bench-redis) about three minutes
 
 redis-benchmark (GET, Debian's redis-tools) drives a private redis-server
 directly and through each target, at 1, 8 and 64 clients, each request waiting
