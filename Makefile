@@ -1,5 +1,6 @@
 # make test   - a virtual environment with the test requirements, redis-server, then the whole suite
 # make check  - lint and test, then each transcript's determinism under load (four), then originality
+# make bench-redis - redis-benchmark through the project's Redis relays, socat, HAProxy, twemproxy
 # make pictures - run the scenarios and redraw pictures/*.svg from what they recorded (Part three's need redis-server)
 # make lint   - pyflakes-level checks (ruff: unused and undefined names, syntax); no formatter
 # make wild   - redis-py's cancelled-reply leak with the real library, 4.5.1 against 4.5.5 and 8.1.0
@@ -7,7 +8,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: demo race managed part3 wild wild-venvs wild-table redis-server test lint check golden pictures bench bench-quick bench-part3 bench-tools soak clean
+.PHONY: demo race managed part3 wild wild-venvs wild-table redis-server redis-peers test lint check golden pictures bench bench-quick bench-part3 bench-redis bench-tools soak clean
 
 demo:
 	$(PYTHON) demo.py
@@ -53,6 +54,14 @@ redis-server:
 	     apt-get install -y --no-install-recommends redis-server redis-tools < /dev/null; } || \
 	   echo "make: could not install redis-server; as root: apt-get install redis-server redis-tools"
 
+# The bench's Redis tests start twemproxy (Debian's nutcracker, in /usr/sbin): installed
+# as redis-server is, when missing (redis-benchmark comes with redis-server's redis-tools).
+redis-peers:
+	@{ command -v nutcracker || test -x /usr/sbin/nutcracker; } >/dev/null || \
+	   { export DEBIAN_FRONTEND=noninteractive; apt-get update && \
+	     apt-get install -y --no-install-recommends nutcracker < /dev/null; } || \
+	   echo "make: could not install nutcracker; as root: apt-get install nutcracker"
+
 $(VENV_PYTHON): requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV_PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
@@ -62,7 +71,7 @@ $(VENV_PYTHON): requirements-test.txt
 # processes keep both cores busy. One run, measured: 37.3 s (`time make test`, 295
 # tests, both cores shared with other work, load average 7.9 at the start); a quiet
 # machine takes less.
-test: $(VENV_PYTHON) redis-server wild-venvs
+test: $(VENV_PYTHON) redis-server redis-peers wild-venvs
 	$(VENV_PYTHON) -m pytest -q -n 2
 
 # F: pyflakes' checks (unused imports and names, undefined names, redefinitions);
@@ -112,11 +121,16 @@ bench-quick:
 bench-part3:
 	$(PYTHON) -m bench.bench_part3
 
-# socat and HAProxy, for the bench's comparison rows (Debian's packages; run as root).
-# The bench runs without them and names this target in its notes.
+# redis-benchmark through the project's Redis relays and the real ones (about three minutes).
+bench-redis:
+	$(PYTHON) -m bench --only redis
+
+# socat, HAProxy, twemproxy (nutcracker), redis-server and redis-benchmark (redis-tools),
+# for the bench's comparison rows (Debian's packages; run as root). The bench runs
+# without them and names this target in its notes.
 bench-tools:
 	apt-get update
-	apt-get install -y socat haproxy
+	apt-get install -y socat haproxy nutcracker redis-server redis-tools
 
 # The randomized proof at 10,000 examples instead of the suite's 200 (minutes, not seconds).
 soak: $(VENV_PYTHON)

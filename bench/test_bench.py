@@ -1,4 +1,4 @@
-"""Fast checks of bench.py's pieces: the load generator counts what it should,
+"""Fast checks of the bench's pieces: the load generator counts what it should,
 the servers it adds behave as their docstrings say, and the tables and target
 verdicts come out as written. The bench itself runs with `make bench`."""
 import contextlib
@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench, bench_part3, placement
+from bench import bench, bench_part3, cited, machinery, mechanisms, placement, redis_peers
+from conftest import need_redis
+from part3 import resp
+from scaffolding.redis_server import RedisControl, RedisServer, read_resp
 import tcp_proxy
 from tcp_proxy import PassthroughProxy, Upstream
 
@@ -23,12 +26,12 @@ class WrongUpstream(Upstream):
 
 def rounds_against(server, client_count, requests_each, before_sending=lambda: None):
     """Connect client_count clients to server, call before_sending(), run one round."""
-    clients = bench.connect_clients(server.addr, client_count)
+    clients = machinery.connect_clients(server.addr, client_count)
     try:
         before_sending()
-        return bench.exchange_rounds(clients, requests_each)
+        return machinery.exchange_rounds(clients, requests_each)
     finally:
-        bench.close_clients(clients)
+        machinery.close_clients(clients)
 
 
 def test_exchange_rounds_answers_every_request_of_every_client():
@@ -54,7 +57,7 @@ def test_exchange_rounds_counts_a_closed_connection_as_unanswered():
 
 def test_distant_upstream_overlaps_the_delays_of_pipelined_requests():
     delay = 0.1
-    with bench.DistantUpstream(delay) as upstream, \
+    with machinery.DistantUpstream(delay) as upstream, \
             socket.create_connection(upstream.addr, timeout=5) as sock:
         started = time.perf_counter()
         sock.sendall(b"GET a\nGET b\nGET c\nGET d\n")
@@ -67,20 +70,20 @@ def test_distant_upstream_overlaps_the_delays_of_pipelined_requests():
 
 
 def test_nagle_passthrough_proxy_turns_nodelay_off_on_what_it_tracks():
-    with Upstream() as upstream, bench.NaglePassthroughProxy(upstream.addr) as proxy:
+    with Upstream() as upstream, cited.NaglePassthroughProxy(upstream.addr) as proxy:
         sock = proxy.track(socket.socket())
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
         proxy.forget(sock)
 
 
 def test_service_process_serves_waits_on_hooks_and_reports_its_threads_and_memory():
-    with bench.ServiceProcess("upstream") as upstream:
-        clients = bench.connect_clients(upstream.addr, 2)
+    with machinery.ServiceProcess("upstream") as upstream:
+        clients = machinery.connect_clients(upstream.addr, 2)
         try:
-            measured = bench.exchange_rounds(clients, requests_each=5)
+            measured = machinery.exchange_rounds(clients, requests_each=5)
             upstream.wait_for("replies", 10)   # both connections still open: their threads alive
         finally:
-            bench.close_clients(clients)
+            machinery.close_clients(clients)
         with pytest.raises(TimeoutError, match="replies to reach 11"):
             upstream.wait_for("replies", 11, timeout=0.1)
     assert (measured.answered, measured.wrong) == (10, 0)
@@ -90,7 +93,7 @@ def test_service_process_serves_waits_on_hooks_and_reports_its_threads_and_memor
 
 
 def test_table_aligns_names_left_and_figures_right():
-    assert bench.table("T", ["name", "n"], [["a", 1], ["long", 22]]) == (
+    assert machinery.table("T", ["name", "n"], [["a", 1], ["long", 22]]) == (
         "T\n"
         "name   n\n"
         "----  --\n"
@@ -136,11 +139,11 @@ def test_targets_of_a_run_where_sections_failed_are_those_of_the_sections_that_f
 
 
 def test_absent_tools_are_skipped_with_a_note_that_says_how_to_get_them(monkeypatch):
-    monkeypatch.setattr(bench.shutil, "which", lambda tool: None)
-    monkeypatch.setattr(bench, "POOL_CAPS", (8,))   # fewer processes to start: the notes are the point
+    monkeypatch.setattr(machinery.shutil, "which", lambda tool, path=None: None)
+    monkeypatch.setattr(cited, "POOL_CAPS", (8,))   # fewer processes to start: the notes are the point
     notes = []
     with Upstream() as upstream, contextlib.ExitStack() as stack:
-        relays = bench.start_relays(upstream.addr, notes, stack)
+        relays = cited.start_relays(upstream.addr, notes, stack)
     assert list(relays) == ["PassthroughProxy", "FramedProxy cap 8"]
     get_them = "(`make bench-tools` installs socat and haproxy)"
     assert notes == [f"socat: skipped, not installed {get_them}", f"haproxy: skipped, not installed {get_them}"]
@@ -151,9 +154,9 @@ def test_a_section_that_fails_says_why_in_one_line_and_the_others_still_print(mo
         raise TimeoutError("gave up waiting for connections to reach 1000\nsecond line")
 
     def sections(arguments, notes):
-        return [("scale", fails, bench.render_scale),
+        return [("scale", fails, mechanisms.render_scale),
                 ("nagle", lambda: {"rows": [{"relay": "r", "requests": 1, "median_ms": 2.0, "low_ms": 1.0,
-                                             "high_ms": 3.0}]}, bench.render_nagle)]
+                                             "high_ms": 3.0}]}, cited.render_nagle)]
     monkeypatch.setattr(bench, "sections", sections)
     bench.main([])
     out = capsys.readouterr().out
@@ -163,7 +166,7 @@ def test_a_section_that_fails_says_why_in_one_line_and_the_others_still_print(mo
 
 
 def test_lean_upstream_answers_lines_however_they_were_cut():
-    with bench.LeanUpstream() as upstream, socket.create_connection(upstream.addr, timeout=5) as sock:
+    with machinery.LeanUpstream() as upstream, socket.create_connection(upstream.addr, timeout=5) as sock:
         sock.sendall(b"GET a\nGET")
         sock.sendall(b" b\nPING\n")
         reader = sock.makefile("rb")
@@ -173,24 +176,25 @@ def test_lean_upstream_answers_lines_however_they_were_cut():
 
 
 @pytest.mark.parametrize("relay_class", [
-    bench.UncountedPassthroughProxy, bench.NotifyIfWaitedPassthroughProxy, bench.SplicePassthroughProxy,
-    bench.OneThreadPassthroughProxy, placement.placed(PassthroughProxy)])
+    mechanisms.UncountedPassthroughProxy, mechanisms.NotifyIfWaitedPassthroughProxy, mechanisms.SplicePassthroughProxy,
+    mechanisms.OneThreadPassthroughProxy, placement.placed(PassthroughProxy)])
 def test_each_alternative_relay_gives_every_client_its_own_replies(relay_class):
-    with bench.LeanUpstream() as upstream, relay_class(upstream.addr) as relay:
+    with machinery.LeanUpstream() as upstream, relay_class(upstream.addr) as relay:
         measured = rounds_against(relay, 4, requests_each=25)
     assert (measured.answered, measured.wrong, measured.unanswered) == (100, 0, 0)
 
 
 def test_threaded_load_generator_counts_every_round_trip_of_every_thread():
-    with bench.LeanUpstream() as upstream:
-        measured = bench.threaded_round_trips(upstream.addr, 3, seconds=0.05)
+    with machinery.LeanUpstream() as upstream:
+        measured = machinery.threaded_round_trips(upstream.addr, 3, seconds=0.05)
     assert measured.answered == len(measured.latencies) > 3
     assert measured.wrong == 0
 
 
 def test_bench_md_stays_within_its_size_bound():
-    # issue 10: about 15 KB; issue 16 moved the placement and backlog notes here from tcp_proxy.py
-    assert (Path(__file__).parent / "BENCH.md").stat().st_size <= 16_500
+    # issue 10: about 15 KB; issue 16 moved the placement and backlog notes here from tcp_proxy.py;
+    # issue 18 added the Redis table beside the real peers (42 rows, 4.6 KB) and its notes (4 KB)
+    assert (Path(__file__).parent / "BENCH.md").stat().st_size <= 26_000
 
 
 # --- the head-of-line bench ----------------------------------------------------------------
@@ -237,3 +241,157 @@ def test_connections_fill_one_cpu_up_to_sockets_per_cpu_then_the_next():
         client.sendall(b"hi\n")
         assert client.recv(64) == b"hi\n"
     assert server.cpus_of_each_connection == [set(cpus)]
+
+
+# --- bench/redis_peers.py: the machinery, nothing timed -----------------------------------
+
+def need_tool(tool):
+    """Skip without tool, except in CI (CI=true), where `make test` installs it and its absence fails."""
+    if machinery.tool_path(tool) is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{tool} is not on PATH, and CI must run the bench's Redis tests: "
+                        "`make redis-peers` installs it")
+        pytest.skip(f"{tool} is not on PATH (`make redis-peers` installs it)")
+
+
+class PlantedRedis(tcp_proxy.Server):
+    """SET and GET over RESP from a dict, one connection at a time; the GET numbered
+    wrong_get (counting from 1, across connections) is answered with a wrong value."""
+
+    def __init__(self, wrong_get=None):
+        super().__init__()
+        self.values = {}
+        self.gets = 0           # GETs answered so far; bumped by handle(), read by none
+        self.wrong_get = wrong_get
+
+    def handle(self, conn):
+        buffer = b""
+        while data := tcp_proxy.recv(conn):
+            buffer += data
+            while (size := resp.reply_size(buffer)) is not None:   # a RESP array frames like a reply
+                request, buffer = buffer[:size], buffer[size:]
+                words = request.split(b"\r\n")[2::2][:int(request[1:request.index(b"\r\n")])]
+                conn.sendall(self.answer(words))
+
+    def answer(self, words):
+        if words[0] == b"SET":
+            self.values[words[1]] = words[2]
+            return b"+OK\r\n"
+        with self._lock:
+            self.gets += 1
+            planted = self.gets == self.wrong_get
+        value = b"not what was written" if planted else self.values[words[1]]
+        return redis_peers.bulk(value)
+
+
+def test_check_values_counts_every_request_and_finds_the_one_planted_wrong_value():
+    with PlantedRedis() as honest:
+        assert redis_peers.check_values(honest.addr, threads=2, pairs=10, seed=1) == {
+            "requests": 40, "wrong": 0, "failed": 0}
+    with PlantedRedis(wrong_get=7) as liar:
+        assert redis_peers.check_values(liar.addr, threads=2, pairs=10, seed=1) == {
+            "requests": 40, "wrong": 1, "failed": 0}
+
+
+def test_resp_commands_are_arrays_of_bulk_strings():
+    assert redis_peers.command(b"GET", b"a") == b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n"
+
+
+def test_parse_rate_reads_the_get_row_of_redis_benchmarks_csv():
+    output = ('"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",'
+              '"p99_latency_ms","max_latency_ms"\n"GET","40322.58","1.225","0.608","1.127","1.887","2.967","9.031"\n')
+    assert redis_peers.parse_rate(output) == 40322.58
+    with pytest.raises(ValueError, match="no GET row"):
+        redis_peers.parse_rate("WARNING: Could not fetch server CONFIG\n")
+
+
+def test_requests_for_a_run_follow_the_last_rate_within_bounds():
+    assert redis_peers.requests_for(None, 8, 16, seconds=1.0) == redis_peers.MIN_REQUESTS   # 1,280 is below it
+    assert redis_peers.requests_for(None, 64, 16, seconds=1.0) == redis_peers.WARM_UP_REQUESTS   # not 10,240
+    assert redis_peers.requests_for(30_000.4, 8, 1, seconds=1.0) == 30_000
+    assert redis_peers.requests_for(100.0, 1, 1, seconds=1.0) == redis_peers.MIN_REQUESTS
+    assert redis_peers.requests_for(1e9, 1, 1, seconds=1.0) == redis_peers.MAX_REQUESTS
+
+
+def test_server_connections_count_the_clients_redis_holds_but_not_the_control_connection():
+    need_redis()
+    with RedisServer() as redis, contextlib.ExitStack() as stack:
+        target = redis_peers.Target("direct", "-", redis, redis_peers.Direct(redis))
+        stack.callback(target.close)
+        assert target.server_connections() == 0
+        for _ in range(3):
+            client = stack.enter_context(socket.create_connection(redis.addr, timeout=5))
+            client.sendall(redis_peers.command(b"PING"))
+            assert client.recv(64) == b"+PONG\r\n"   # answered: redis has registered it
+        assert target.server_connections() == 3
+
+
+def test_a_relay_that_cannot_read_a_resp_array_is_told_apart_from_one_that_can():
+    need_redis()
+    with RedisServer() as redis, Upstream() as line_server:
+        assert redis_peers.speaks_resp_arrays(redis.addr)
+        assert not redis_peers.speaks_resp_arrays(line_server.addr, timeout=0.5)
+
+
+def test_twemproxy_gets_a_config_of_one_server_connection_and_proxies_a_get():
+    need_redis()
+    need_tool("nutcracker")
+    with RedisServer() as redis, contextlib.ExitStack() as stack:
+        control = RedisControl(redis.addr)
+        stack.callback(control.close)
+        assert control.command("SET planted value") == b"+OK\r\n"
+        relay = stack.enter_context(machinery.ExternalRelay("nutcracker", redis.addr))
+        config = Path(relay.directory.name) / "nutcracker.yml"
+        text = config.read_text(encoding="ascii")
+        assert f"listen: 127.0.0.1:{relay.addr[1]}\n" in text
+        assert f"   - 127.0.0.1:{redis.addr[1]}:1\n" in text
+        assert "  redis: true\n  hash: fnv1a_64\n  distribution: ketama\n  server_connections: 1\n" in text
+        with socket.create_connection(relay.addr, timeout=5) as client:
+            client.sendall(redis_peers.command(b"GET", b"planted"))
+            assert read_resp(redis_peers.Replies(client)) == b"$5\r\nvalue\r\n"
+        relay.stop()
+        assert not config.exists()   # stop() removes the directory
+
+
+def test_a_missing_peer_is_skipped_with_a_note_that_says_how_to_get_it(monkeypatch):
+    need_redis()
+    specs = [spec for spec in redis_peers.target_specs() if spec[0] in ("direct", "twemproxy")]
+    monkeypatch.setattr(redis_peers, "target_specs", lambda: specs)
+    monkeypatch.setattr(machinery.shutil, "which", lambda tool, path=None: None)
+    notes = []
+    with contextlib.ExitStack() as stack:
+        targets = redis_peers.start_targets(stack, notes)
+        assert [target.label for target in targets] == ["direct"]
+    assert notes == ["redis, twemproxy: skipped, nutcracker is not installed (`make bench-tools` installs it)"]
+
+
+def test_redis_rows_take_each_ratio_within_a_repetition_and_the_targets_read_them():
+    samples = {("direct", 64, 1): [(100.0, 64, None, None), (200.0, 65, None, None), (100.0, 64, None, None)],
+               ("socat", 64, 1): [(50.0, 64, 30.0, None), (100.0, 64, 40.0, None), (50.0, 64, 50.0, None)],
+               ("PassthroughProxy, placed", 64, 1): [(60.0, 64, 9.0, 2.0), (90.0, 64, 8.0, 3.0),
+                                                     (40.0, 64, 7.0, 4.0)],
+               ("twemproxy", 64, 1): [(80.0, 1, 5.0, None)] * 3,
+               ("ManagedProxy(RESP) 1 conn, placed", 64, 1): [(40.0, 1, 9.0, 5.0), (30.0, 1, 9.0, 5.0),
+                                                              (20.0, 1, 9.0, 5.0)]}
+    layers = {"direct": "-", "socat": "4", "PassthroughProxy, placed": "4", "twemproxy": "7",
+              "ManagedProxy(RESP) 1 conn, placed": "7"}
+    rows = {row["target"]: row for row in redis_peers.rows_from(samples, layers)}
+    passthrough = rows["PassthroughProxy, placed"]
+    assert passthrough["x_socat"] == {"median": 0.9, "low": 0.8, "high": 1.2}   # 60/50, 90/100, 40/50
+    assert passthrough["x_direct"]["median"] == 0.45   # 0.6, 0.45, 0.4
+    assert (passthrough["server_connections"], passthrough["cpu_us"], passthrough["switches"]) == (64, 8.0, 3.0)
+    direct, socat = rows["direct"], rows["socat"]
+    assert (direct["server_connections"], direct["cpu_us"], socat["switches"]) == (64, None, None)
+    section = {"rows": list(rows.values()),
+               "checks": [{"target": "ManagedProxy(RESP) 1 conn, placed", "requests": 10, "wrong": 0, "failed": 0}]}
+    assert redis_peers.targets(section) == [
+        ("redis: PassthroughProxy, placed >= 1.0x socat, 64 clients, pipeline 1", "0.90x", False),
+        ("redis: ManagedProxy(RESP) >= 0.4x twemproxy, 64 clients, pipeline 1, 1 server connection, 0 wrong",
+         "0.38x, 1 conn, 0 wrong", False),
+        ("redis: ManagedProxy(RESP) 1 conn, placed: every value read is the one written",
+         "0 wrong, 0 failed of 10", True)]
+
+
+def test_steady_connections_are_the_count_seen_most_often_not_the_peak_nor_the_ramp():
+    assert redis_peers.steady([0, 3, 8, 64, 64, 64, 80, 64, 12]) == 64   # 80: the run before's, closing
+    assert redis_peers.steady([1, 1, 8, 8]) == 8
