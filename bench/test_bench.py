@@ -89,7 +89,7 @@ def test_service_process_serves_waits_on_hooks_and_reports_its_threads_and_memor
     assert (measured.answered, measured.wrong) == (10, 0)
     # main, accept loop, and a reader and a writer per client
     assert upstream.report["peak_threads"] == 6
-    assert 5 < upstream.report["peak_rss_mb"] < 64
+    assert 5 < upstream.report["peak_rss_mb"] < 256   # a forked child: it counts the pages it shares with its parent
 
 
 def test_table_aligns_names_left_and_figures_right():
