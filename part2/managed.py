@@ -84,7 +84,7 @@ Where this differs from Ocamlnet, on purpose (each pinned by a test):
 
 The faults the scenarios need (an upstream that stops, restarts on the same port,
 drops, cuts, skips or doubles a reply, never answers, closes at once or never reads)
-are scaffolding, in managed_demo.py.
+are scaffolding, in scaffolding/faults.py (FaultyUpstream).
 
 The order a request takes through ManagedProxy:
     client line -> FramedProxy.handle() -> exchange() -> ManagedSet.call(): pick()
