@@ -471,7 +471,7 @@ def test_several_threads_sharing_one_redis_py_client_each_read_their_own_values(
 def test_redis_benchmark_completes_get_and_set_through_the_pool_with_no_error(redis, control, pipeline, proxy_kind):
     need_redis("redis-benchmark")
     with REDIS_PROXIES[proxy_kind](redis, 8) as proxy:
-        run = subprocess.run(["redis-benchmark", "-p", str(proxy.addr[1]), "-t", "get,set", "-n", "2000",
+        run = subprocess.run(["redis-benchmark", "-p", str(proxy.addr[1]), "-t", "get,set", "-n", "1000",
                               "-c", "8", "-P", str(pipeline), "-q", "-e"],
                              capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
         assert run.returncode == 0, run

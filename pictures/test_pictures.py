@@ -17,6 +17,10 @@ from conftest import ROOT, transcript_section
 from scaffolding import faults, kit
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
 
+# One worker runs all of these under `make test`'s --dist loadgroup: the runs
+# fixture (every picture's scenarios) runs once per worker that needs it.
+pytestmark = pytest.mark.xdist_group("test_pictures")
+
 HERE = ROOT
 TAPPED = [(NaiveProxy, "forward"), (NaiveProxy, "route"), (FramedProxy, "checkout"), (FramedProxy, "count"),
           (FramedProxy, "read_reply"), (FramedProxy, "checkin"), (Upstream, "reply"), (Upstream, "__init__"),

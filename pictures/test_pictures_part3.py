@@ -17,6 +17,10 @@ import tcp_proxy
 from conftest import ROOT, need_redis, transcript_section
 from tcp_proxy import FramedProxy
 
+# One worker runs all of these under `make test`'s --dist loadgroup: the runs
+# fixture (every Part three picture's scenarios) runs once per worker that needs it.
+pytestmark = pytest.mark.xdist_group("test_pictures_part3")
+
 HERE = ROOT
 TAPPED = [(FramedProxy, "handle"), (FramedProxy, "exchange"), (FramedProxy, "read_reply"),
           (tcp_proxy, "more_of_reply"), (tagged.TaggedClient, "__init__"), (tagged.TaggedClient, "call"),

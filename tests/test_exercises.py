@@ -29,6 +29,10 @@ import pytest
 
 from tests.prose import HERE, MODULE, contiguous_at, fenced_blocks, text
 
+# One worker runs all of these under `make test`'s --dist loadgroup: the runs
+# fixture (nine changed copies of the project, each run) runs once per worker that needs it.
+pytestmark = pytest.mark.xdist_group("test_exercises")
+
 COPIED = ["**/*.py", "*.ini", "*.cfg", "*.toml", "transcripts/*.txt"]   # what a run needs
 HOOK_TIMEOUT = re.compile(r"^(\s*hook_timeout = )[\d.]+", re.M)
 SHORT_HOOK_TIMEOUT = "2.0"   # scaffolding: a missing event is reported in 2 s, not 10
