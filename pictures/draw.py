@@ -10,7 +10,6 @@ from part2 import managed_demo
 from pictures.record import (Attempt, Borrow, Disabled, Forwarded, Received, Replied, Routed, Sent, SetCall,
                              Skipped, Step, Trial, record_managed, record_part_one)
 from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, Svg, borrows, colours, cut, heading, sequence, visible
-from scaffolding import faults
 from scaffolding.kit import CLIENT_NAMES
 from tcp_proxy import answer
 
@@ -188,14 +187,15 @@ def draw_release(recorder):
     svg = Svg(title)
     y = heading(svg, [title, "two trials of its paused-reply row: the framed rule above, the timeout rule below",
                       "the clients send in name order, each once the one before has the connection"])
+    shown = 3   # borrows drawn per trial; the note says how many it made
     for release in ("framed", "timeout"):
         lent, replies = trials(recorder)[release, True]
         rule = 'release="framed": the connection goes back after the reply\'s \\n'
         if lent[0].silence:
             rule = f'release="timeout": it goes back after {lent[0].silence}s of silence'
         right, *_, total = tally(lent)
-        note = f"the first 3 of its {total} borrows; the upstream pauses after each reply's first part"
-        y = pool_panel(svg, y + 10, rule, note, lent, replies, 3)[0] + 4
+        note = f"the first {shown} of its {total} borrows; the upstream pauses after each reply's first part"
+        y = pool_panel(svg, y + 10, rule, note, lent, replies, shown)[0] + 4
         svg.text(16, y, f"right: {right}/{total}", 13, GREEN if right == total else RED, bold=True)
         y += 40
     svg.legend(16, y, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")), ("C's bytes", *colours("C")),
@@ -207,7 +207,9 @@ def draw_dishonest(recorder):
     title = "Scenario 9: an upstream that says one line nobody asked for"
     svg = Svg(title)
     found = trials(recorder)
-    y = heading(svg, [title, f"the upstream follows every reply with {visible(faults.EXTRA)} "
+    extra = {data for trial in found.values() for chunks in streams(*trial).values()
+             for (owner, _), data in chunks if owner == NOBODY}   # what each reply came with
+    y = heading(svg, [title, f"the upstream follows every reply with {' '.join(map(visible, sorted(extra)))} "
                              "in the same write; A and B take turns through a pool of one connection"])
     rules = {"TrustingPool": "TrustingPool: keeps the bytes past a reply for the next borrower",
              "FramedProxy": "FramedProxy: closes a connection with bytes past a reply"}

@@ -1,14 +1,10 @@
 """pictures.record: what the pictures are drawn from, heard through declared seams.
 
-A reader of the lesson need not read this module. Each record_*() runs scenarios of
-demo.py, part2/managed_demo.py or part3/part3_demo.py, unchanged, and returns a
-Recorder holding the events they made, each a small named type (below). It hears
-them two ways, each declared in one line: the event callbacks the lesson offers
-(on_event, in Part two and in tagged.TaggedClient), and taps on public methods
-(Client.send, Upstream.reply, FramedProxy.exchange, read_reply, checkin, the
-hooks' count() ...), which call the method unchanged and are undone when the
-`with` block ends. Nothing here waits, orders or holds anything: the order is the
-scenario's own, fixed by the hooks it waits on.
+A reader of the lesson need not read this module. Each record_*() runs scenarios unchanged and
+returns a Recorder holding the events they made, each a small named type (below), heard through
+the event callbacks the lesson offers (on_event) and taps on public methods, each declared in one
+call, calling the method unchanged and undone when the `with` block ends. Nothing here waits,
+orders or holds anything: the order is the scenario's own, fixed by the hooks it waits on.
 """
 import contextlib
 import io
