@@ -6,19 +6,12 @@ import sys
 from pictures import draw, draw_part3
 from scaffolding import redis_server
 
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if argv not in ([], ["--check"]):
-        sys.exit(__doc__)
-    svgs = draw.render_all()
-    if redis_server.redis_available():
-        svgs.update(draw.render_all(pictures=draw_part3.PICTURES))
-    else:
-        print(redis_server.INSTALL_HINT)
-    stale = draw.save(svgs, check=argv == ["--check"])
-    return 1 if stale or not redis_server.redis_available() else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if sys.argv[1:] not in ([], ["--check"]):
+    sys.exit(__doc__)
+svgs = draw.render_all()
+if redis_server.redis_available():
+    svgs.update(draw.render_all(pictures=draw_part3.PICTURES))
+else:
+    print(redis_server.INSTALL_HINT)
+stale = draw.save(svgs, check=sys.argv[1:] == ["--check"])
+sys.exit(1 if stale or not redis_server.redis_available() else 0)

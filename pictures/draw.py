@@ -29,7 +29,7 @@ def lines_sent(recorder, client):
 
 
 def request_owners(recorder):
-    """Each request line the upstream parsed (what NaiveProxy forwarded, cut at each b"\\n"), and whose bytes made it."""
+    """Each request line the upstream parsed (what NaiveProxy forwarded, cut at each b"\\n") and whose bytes made it."""
     chunks = [(e.client, e.data) for e in recorder.of(Forwarded)]
     found, start = [], 0
     for line in b"".join(data for _, data in chunks).split(b"\n")[:-1]:
@@ -254,7 +254,8 @@ def dirty_rows(steps):
         elif e.kind == "timed out":
             what = "its connection is destroyed" if e.ended else "it stays owed, abandoned" if any(
                 request == e.data for request, _ in e.owed) else "it leaves the queue"
-            rows.append(("note", "ManagedClient", f"t={e.t}s {short(e.data)} times out", None, False, f"{what}; {owed}"))
+            label = f"t={e.t}s {short(e.data)} times out"
+            rows.append(("note", "ManagedClient", label, None, False, f"{what}; {owed}"))
         elif e.oldest is None:
             rows.append(("arrow", "upstream", "ManagedClient", e.data, None, False, f"no call is owed it; {owed}"))
         else:
@@ -293,7 +294,8 @@ def draw_failover(recorder):
                              f"policy {managed_set.rcache.setting('policy')}, "
                              f"threshold {managed_set.rcache.setting('threshold')}"])
     windows = [e for e in events if isinstance(e, Disabled)]
-    left, top, end = 170, y + 20, max([e.end for e in windows] + [e.t for e in events if isinstance(e, SetCall)])
+    end = max([e.end for e in windows] + [e.t for e in events if isinstance(e, SetCall)])
+    left, top = 170, y + 20   # where the axis's 0s is
 
     def x_of(seconds):
         return left + seconds * SECOND
@@ -316,8 +318,9 @@ def draw_failover(recorder):
         elif isinstance(e, Skipped):
             x += svg.bytes_box(x, y, f"{name[e.service]} skipped: disabled".encode(), None, 11) + 4
         elif isinstance(e, Attempt):
-            said = f"{CLIENT_NAMES[e.index]} {e.result.split(':')[0]}".encode()
-            x += svg.bytes_box(x, y, said, CLIENT_NAMES[e.index], 11, wrong=e.result != "ok") + 4
+            service = CLIENT_NAMES[e.index] if e.index is not None else "no service"   # pick() found none
+            x += svg.bytes_box(x, y, f"{service} {e.result.split(':')[0]}".encode(), service, 11,
+                               wrong=e.result != "ok") + 4
     failures = dict.fromkeys(e.result for e in events if isinstance(e, Attempt) and e.result != "ok")
     svg.text(16, y + 50, "; ".join(failures), 11, RED)
     svg.legend(16, y + 76, [("A disabled by the cache", RED_FILL, RED), ("an attempt on A", *colours("A")),

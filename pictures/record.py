@@ -37,14 +37,13 @@ Trial = event("Trial", "label", "a trial begins: its borrows are counted, its co
 Borrow = event("Borrow", "k client request reply connection outcome partial silence",
                "the k-th borrow returned the reply: its connection, its checkin's outcome, whether it read on "
                "after part of the reply, and the timeout rule's silence (else None)")
-# Part two (record_managed): what on_event hears, one type per kind, and two taps
-Move = event("Move", "client kind before after reason", 'on_event "transition": the client\'s state changed')
+# Part two (record_managed): what on_event hears, one type per kind drawn, and taps for what it does not say
 Step = event("Step", "client kind t connection owed ended data oldest",
-             'on_event "sent", "timed out" (data: the request) or "reply" (oldest: the oldest call owed)',
-             defaults=(None,))
+             'on_event "sent", "timed out" (data: the request) or "reply" (oldest: the oldest call owed then, '
+             "a managed.Call, whose request and abandoned no later step changes)", defaults=(None,))
 Attempt = event("Attempt", "set kind number index result", 'on_event "attempt": one of a call\'s attempts ended')
 Disabled = event("Disabled", "cache kind service start end reason", 'on_event "disabled": the cache opened a window')
-ON_EVENT = {"transition": Move, "sent": Step, "timed out": Step, "reply": Step, "attempt": Attempt, "disabled": Disabled}
+ON_EVENT = {"sent": Step, "timed out": Step, "reply": Step, "attempt": Attempt, "disabled": Disabled}   # by kind
 SetCall = event("SetCall", "t request", "ManagedSet.call() begins")
 Skipped = event("Skipped", "service", "pick() found a service disabled")
 # Part three (record_redis_pools, record_tagged)
@@ -181,7 +180,8 @@ def record_part_one(scenario, trial_function=None, label_of=None):
 def record_managed(scenario):
     """A managed_demo.py scenario: (Recorder, what it printed)."""
     def heard(source, what):
-        r.log(ON_EVENT[what[0]](source, *what))
+        if what[0] in ON_EVENT:   # not "transition": no picture draws a state change
+            r.log(ON_EVENT[what[0]](source, *what))
 
     def set_made(_, managed_set, *args, **options):
         r.listen(managed_set, heard)

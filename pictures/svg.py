@@ -37,12 +37,8 @@ def text_width(content, size):
 
 
 class Svg:
-    """An SVG picture that grows to hold what is drawn on it.
-
-    Every shape widens the picture's extent, text by its estimated width, so
-    nothing drawn can fall outside the picture; a shape left of or above the
-    origin is a layout bug and render() raises.
-    """
+    """An SVG picture that grows to hold what is drawn on it: every shape widens its extent, text by
+    its estimated width; a shape left of or above the origin is a layout bug, and render() raises."""
 
     def __init__(self, title):
         self.title = title
