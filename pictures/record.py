@@ -1,63 +1,51 @@
 """pictures.record: what the pictures are drawn from, heard through declared seams.
 
-A reader of the lesson need not read this module. Each record_*() runs scenarios of
-demo.py, part2/managed_demo.py or part3/part3_demo.py, unchanged, and returns a
-Recorder holding the events they made, each a small named type (below). It hears
-them two ways, each declared in one line: the event callbacks the lesson offers
-(on_event, in Part two and in tagged.TaggedClient), and taps on public methods
-(Client.send, Upstream.reply, FramedProxy.exchange, read_reply, checkin, the
-hooks' count() ...), which call the method unchanged and are undone when the
-`with` block ends. Nothing here waits, orders or holds anything: the order is the
-scenario's own, fixed by the hooks it waits on.
+A reader of the lesson need not read this module. Each record_*() runs scenarios unchanged and
+returns a Recorder holding the events they made, each a small named type (below), heard through
+the event callbacks the lesson offers (on_event) and taps on public methods, each declared in one
+call, calling the method unchanged and undone when the `with` block ends. Nothing here waits,
+orders or holds anything: the order is the scenario's own, fixed by the hooks it waits on.
 """
 import contextlib
 import io
+import itertools
 import threading
 from collections import namedtuple
 
 import demo
 from part2 import managed
 from part3 import part3_demo, tagged
-from scaffolding import faults, kit
+from scaffolding import kit
 import tcp_proxy
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
 
 
-def event(name, fields, doc):
-    kind = namedtuple(name, fields)
+def event(name, fields, doc, defaults=()):
+    kind = namedtuple(name, fields, defaults=defaults)
     kind.__doc__ = doc
     return kind
 
 
-# Part one: the blind relay (record_naive_relay)
+# Part one (record_part_one): the blind relay, and a pool's borrows in each trial
 Sent = event("Sent", "client data", "a demo client's send()")
-Forwarded = event("Forwarded", "client data", "a chunk NaiveProxy wrote upstream, and whose it was")
-Last = event("Last", "client", "NaiveProxy.last after that chunk")
-Parsed = event("Parsed", "line", "a request line the upstream parsed")
-Replied = event("Replied", "data gate", "a reply the upstream is about to write, and its gate")
+Forwarded = event("Forwarded", "client data", "a chunk NaiveProxy wrote upstream, and whose it was (now `last`)")
 Routed = event("Routed", "data routing targets", "a chunk route() read, its rule, the clients it goes to")
 Received = event("Received", "client data", "what a demo client read to EOF")
-# Part one: a pool's connection, borrow by borrow (record_pool); k counts the trial's borrows
-Trial = event("Trial", "label", "a trial begins")
-TrialEnd = event("TrialEnd", "label result", "what the trial function returned")
-Borrowed = event("Borrowed", "k client request connection", "checkout() lent connection n for a request")
-Wrote = event("Wrote", "k connection data honest",
-              "the upstream writes data (all or part) of its k-th reply; honest: what it was asked to")
-Partial = event("Partial", "k", "the framed reader holds part of reply k and reads on")
-Read = event("Read", "k client reply connection", "read_reply() is done: what the client will be sent")
-Checkin = event("Checkin", "k client outcome connection timeout", "the connection goes back, or is closed")
-# Part two (record_managed), from on_event and a few taps
-Made = event("Made", "client late_replies fatal", "a ManagedClient is made")
-Step = event("Step", "client kind t connection call owed ended reply settled abandoned",
-             "on_event: a request sent, a call timed out, or a reply (settled: the oldest call owed)")
-Move = event("Move", "client before after reason", "on_event: the client's state changed")
-SetMade = event("SetMade", "names policy cache_policy threshold", "a ManagedSet over services A, B ...")
+Replied = event("Replied", "connection data gate split_at",
+                "the upstream writes a reply on a connection, after its gate, its first split_at bytes first")
+Trial = event("Trial", "label", "a trial begins: its borrows are counted, its connections numbered, from 1")
+Borrow = event("Borrow", "k client request reply connection outcome partial silence",
+               "the k-th borrow returned the reply: its connection, its checkin's outcome, whether it read on "
+               "after part of the reply, and the timeout rule's silence (else None)")
+# Part two (record_managed): what on_event hears, one type per kind drawn, and taps for what it does not say
+Step = event("Step", "client kind t connection owed ended data oldest",
+             'on_event "sent", "timed out" (data: the request) or "reply" (oldest: the oldest call owed then, '
+             "a managed.Call, whose request and abandoned no later step changes)", defaults=(None,))
+Attempt = event("Attempt", "set kind number index result", 'on_event "attempt": one of a call\'s attempts ended')
+Disabled = event("Disabled", "cache kind service start end reason", 'on_event "disabled": the cache opened a window')
+ON_EVENT = {"sent": Step, "timed out": Step, "reply": Step, "attempt": Attempt, "disabled": Disabled}   # by kind
 SetCall = event("SetCall", "t request", "ManagedSet.call() begins")
-Enabled = event("Enabled", "service yes", "pick() asked the cache about a service")
-Attempt = event("Attempt", "t number service result", "on_event: an attempt ended")
-Disabled = event("Disabled", "service start end reason", "on_event: the cache opened a window")
-Service = event("Service", "kind t service", "an upstream stopped or restarted")
-SetShutDown = event("SetShutDown", "", "the scenario's cleanup begins")
+Skipped = event("Skipped", "service", "pick() found a service disabled")
 # Part three (record_redis_pools, record_tagged)
 Scenario = event("Scenario", "name", "a scenario begins")
 RedisRead = event("RedisRead", "client request connection reply rest", "read_reply() returned")
@@ -71,6 +59,7 @@ Returned = event("Returned", "caller outcome", "the call returned a reply (bytes
 UpstreamRead = event("UpstreamRead", "tagged line", "a TaggedUpstream parsed a request line")
 UpstreamReady = event("UpstreamReady", "tagged key", "... its reply's delay and pause are over")
 UpstreamWrote = event("UpstreamWrote", "tagged line", "... it wrote a reply line whole")
+
 
 
 class Recorder(contextlib.ExitStack):
@@ -152,142 +141,60 @@ def run_quietly(scenario, *args):
     return printed.getvalue()
 
 
-def record_naive_relay(scenario):
-    """A NaiveProxy scenario of demo.py: (Recorder, what it printed)."""
-    with Recorder() as r:
-        r.name_demo_clients()
-        r.tap(kit.Client, "send", before=lambda client, data: r.log(Sent(client.name, data)))
-        r.tap(kit.Client, "read_to_eof", after=lambda data, client: r.log(Received(client.name, data)))
-        r.tap(NaiveProxy, "forward", before=lambda proxy, client, data: r.log(Forwarded(r.peer(client), data)),
-              after=lambda _, proxy, *a: r.log(Last(r.peer(proxy.last))))
-        r.tap(NaiveProxy, "route", before=lambda proxy, data: r.log(Routed(data, proxy.routing, sorted(
-            r.peer(c) for c in (proxy.clients if proxy.routing == "broadcast" else [proxy.last]) if c))))
-        r.tap(Upstream, "count", before=lambda up, name, n=1: name == "requests" and r.log(Parsed(up.parsed[-1])))
-        r.tap(Upstream, "reply", before=lambda up, conn, data: r.log(Replied(data, up.gate)))
-        printed = run_quietly(scenario)
-    return r, printed
-
-
-def record_pool(scenario, trial_function, label_of, score=None):
-    """A FramedProxy scenario of demo.py, each trial of it (`trial_function`, named by
-    label_of(its arguments), its right answers score(its result)) borrow by borrow:
-    (Recorder, what it printed)."""
-    trial = {}   # this trial's borrows, replies, partial reads and connection numbers
+def record_part_one(scenario, trial_function=None, label_of=None):
+    """A scenario of demo.py, each trial of it (trial_function, named by label_of(its
+    arguments)) apart: (Recorder, what it printed)."""
+    trial = {"borrows": itertools.count(1), "numbers": {}}   # this trial's: an upstream connection's address -> 1, 2
 
     def begin(*args):
-        trial.update(k=0, replies=0, partial=set(), numbers={})
-        r.names.clear()
+        trial.update(borrows=itertools.count(1), numbers={})
         r.log(Trial(label_of(*args)))
 
     def number(address):
         return trial["numbers"].setdefault(address, len(trial["numbers"]) + 1)
 
-    def borrowed(sock, proxy):
-        trial["k"] += 1
-        r.note(exchange=trial["k"])
-        r.log(Borrowed(trial["k"], r.thread.client, r.thread.request, number(sock.getsockname())))
-
-    def partial(proxy, name, amount=1):
-        if name == "partial_replies" and r.thread.exchange not in trial["partial"]:
-            trial["partial"].add(r.thread.exchange)
-            r.log(Partial(r.thread.exchange))
-
-    def replying(upstream, conn, data):   # on the upstream's writer thread, before Upstream.reply
-        trial["replies"] += 1
-        honest = getattr(r.thread, "honest", None) or data   # a FaultyUpstream's honest reply, or the reply itself
-        r.note(honest=None, reply=(trial["replies"], number(conn.getpeername()), data, honest, upstream.split_at or 0))
-        if upstream.split_at:
-            r.log(Wrote(*r.thread.reply[:2], data[:upstream.split_at], honest[:upstream.split_at]))
-
-    def rest_follows(upstream_pause):   # the pause(k) knob: the reply's rest is written once it returns
-        def pause(reply_number):
-            upstream_pause(reply_number)
-            k, connection, data, honest, cut = r.thread.reply
-            r.log(Wrote(k, connection, data[cut:], honest[cut:]))
-        return pause
-
     with Recorder() as r:
         r.name_demo_clients()
         r.name_pool_requests()
-        r.tap(demo, trial_function, before=begin,
-              after=lambda result, *args: r.log(TrialEnd(label_of(*args), score(result) if score else None)))
-        r.tap(FramedProxy, "checkout", after=borrowed)
-        r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(Read(
-            r.thread.exchange, r.thread.client, result[0], number(sock.getsockname()))))
-        r.tap(FramedProxy, "count", before=partial)
-        r.tap(FramedProxy, "checkin", before=lambda proxy, sock, outcome: r.log(Checkin(
-            r.thread.exchange, r.thread.client, outcome, number(sock.getsockname()),
+        if trial_function:
+            r.tap(demo, trial_function, before=begin)
+        r.tap(kit.Client, "send", before=lambda client, data: r.log(Sent(client.name, data)))
+        r.tap(kit.Client, "read_to_eof", after=lambda data, client: r.log(Received(client.name, data)))
+        r.tap(NaiveProxy, "forward", before=lambda proxy, client, data: r.log(Forwarded(r.peer(client), data)))
+        r.tap(NaiveProxy, "route", before=lambda proxy, data: r.log(Routed(data, proxy.routing, sorted(
+            r.peer(c) for c in (proxy.clients if proxy.routing == "broadcast" else [proxy.last]) if c))))
+        r.tap(Upstream, "reply", before=lambda up, conn, data: r.log(Replied(
+            number(conn.getpeername()), data, up.gate, up.split_at or 0)))
+        r.tap(FramedProxy, "checkout", after=lambda sock, proxy: r.note(k=next(trial["borrows"]), partial=False))
+        r.tap(FramedProxy, "count", before=lambda proxy, name, amount=1: name == "partial_replies" and r.note(
+            partial=True))
+        r.tap(FramedProxy, "checkin", before=lambda proxy, sock, outcome: r.note(
+            outcome=outcome, connection=number(sock.getsockname())))
+        r.tap(FramedProxy, "exchange", after=lambda reply, proxy, request: r.log(Borrow(
+            r.thread.k, r.thread.client, request, reply, r.thread.connection, r.thread.outcome, r.thread.partial,
             proxy.release_timeout if proxy.release == "timeout" else None)))
-        r.tap(faults.FaultyUpstream, "reply", before=lambda up, conn, data: r.note(honest=data))
-        r.tap(Upstream, "reply", before=replying)
-        r.tap(Upstream, "__init__", after=lambda _, upstream, *a, **o: setattr(
-            upstream, "pause", rest_follows(upstream.pause)))
         printed = run_quietly(scenario)
     return r, printed
 
 
 def record_managed(scenario):
-    """A managed_demo.py scenario: (Recorder, what it printed). Services are named A, B ... in
-    the set's order; a queue is the calls owed on a connection, oldest first, as (call, abandoned)."""
-    names = {}   # a service's address -> its name
-    clock = []   # the set's clock, once there is a set
-
-    def name(addr):
-        return names.get(addr, str(addr))
-
-    def line(request):
-        return request.decode().rstrip("\n")
-
-    def queue(owed):
-        return tuple((line(request), abandoned) for request, abandoned in owed)
-
+    """A managed_demo.py scenario: (Recorder, what it printed)."""
     def heard(source, what):
-        kind, *rest = what
-        if kind == "transition":
-            r.log(Move(source, *rest))
-        elif kind in ("sent", "timed out"):
-            t, connection, owed, ended, request = rest
-            r.log(Step(source, kind, t, connection, line(request), queue(owed), ended, None, None, False))
-        elif kind == "reply":
-            t, connection, owed, ended, reply, oldest = rest
-            r.log(Step(source, kind, t, connection, None, queue(owed), ended, reply,
-                       oldest and line(oldest.request), bool(oldest and oldest.abandoned)))
-        elif kind == "attempt":
-            _, number, index, result = what
-            r.log(Attempt(source.clock.now(), number, kit.CLIENT_NAMES[index] if index is not None else "-", result))
-        elif kind == "disabled":
-            key, start, end, reason = rest
-            r.log(Disabled(name(key), start, end, reason))
+        if what[0] in ON_EVENT:   # not "transition": no picture draws a state change
+            r.log(ON_EVENT[what[0]](source, *what))
 
-    def client_made(_, client, addr, **options):
-        r.listen(client, heard)
-        r.log(Made(client, client.late_replies, client.msg_timeout_is_fatal))
-
-    def set_made(_, managed_set, services, **options):
+    def set_made(_, managed_set, *args, **options):
         r.listen(managed_set, heard)
         r.listen(managed_set.rcache, heard)
-        clock[:] = [managed_set.clock]
-        names.update({addr: kit.CLIENT_NAMES[index] for index, (addr, _) in enumerate(services)})
-        cache = managed_set.rcache
-        r.log(SetMade(tuple(names.values()), managed_set.policy, cache.setting("policy"), cache.setting("threshold")))
-
-    def changed(kind):
-        def log(upstream):
-            if upstream.addr in names and upstream.closed == (kind == "restarted"):   # a change, not a second close()
-                r.log(Service(kind, clock[0].now(), names[upstream.addr]))
-        return log
 
     with Recorder() as r:
-        r.tap(managed.ManagedClient, "__init__", after=client_made)
+        r.tap(managed.ManagedClient, "__init__", after=lambda _, client, *a, **o: r.listen(client, heard))
         r.tap(managed.ManagedSet, "__init__", after=set_made)
-        r.tap(managed.ManagedSet, "shut_down", before=lambda managed_set: r.log(SetShutDown()))
         r.tap(managed.ManagedSet, "call", before=lambda s, request: r.log(SetCall(s.clock.now(), request)))
         r.tap(managed.ManagedSet, "pick", before=lambda s, *a: r.note(picking=True),
               after=lambda *a: r.note(picking=False))
         r.tap(managed.ReliabilityCache, "is_enabled", after=lambda yes, cache, addr: getattr(
-            r.thread, "picking", False) and r.log(Enabled(name(addr), yes)))
-        r.tap(faults.FaultyUpstream, "close", before=changed("stopped"))
-        r.tap(faults.FaultyUpstream, "restart", before=changed("restarted"))
+            r.thread, "picking", False) and not yes and r.log(Skipped(addr)))
         printed = run_quietly(scenario)
     return r, printed
 

@@ -37,12 +37,8 @@ def text_width(content, size):
 
 
 class Svg:
-    """An SVG picture that grows to hold what is drawn on it.
-
-    Every shape widens the picture's extent, text by its estimated width, so
-    nothing drawn can fall outside the picture; a shape left of or above the
-    origin is a layout bug and render() raises.
-    """
+    """An SVG picture that grows to hold what is drawn on it: every shape widens its extent, text by
+    its estimated width; a shape left of or above the origin is a layout bug, and render() raises."""
 
     def __init__(self, title):
         self.title = title
@@ -142,11 +138,6 @@ def cut(chunks, start, end):
     return found
 
 
-def owners_of(chunks, start, end):
-    """Who sent the bytes start..end of a stream made of (owner, data) chunks, in order."""
-    return list(dict.fromkeys(owner for owner, _ in cut(chunks, start, end)))
-
-
 def sequence(svg, top, lanes, rows, remarks_x, row=34):
     """A sequence diagram from `top`: a named box and a dashed lifeline per lane ({name: x}),
     then one row per event down the page; returns the lifelines' bottom.
@@ -222,15 +213,4 @@ def borrows(svg, top, rule, note, strip, rows, left=16):
             svg.text(x + 20 + text_width(verdict, 13), y, after, 12, MUTED)
         y += 32
     return y
-
-
-def coalesce(chunks):
-    """Join adjacent (owner, data) chunks of the same owner: how a recv() cut them is noise."""
-    joined = []
-    for owner, data in chunks:
-        if joined and joined[-1][0] == owner:
-            joined[-1] = (owner, joined[-1][1] + data)
-        else:
-            joined.append((owner, data))
-    return joined
 

@@ -12,7 +12,7 @@ import pytest
 import demo
 from part2 import managed
 from pictures import draw as pictures
-from pictures.record import Disabled, Forwarded, Read, SetCall
+from pictures.record import Attempt, Disabled, Forwarded, SetCall, Step
 from conftest import ROOT, transcript_section
 from scaffolding import faults, kit
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
@@ -23,10 +23,10 @@ pytestmark = pytest.mark.xdist_group("test_pictures")
 
 HERE = ROOT
 TAPPED = [(NaiveProxy, "forward"), (NaiveProxy, "route"), (FramedProxy, "checkout"), (FramedProxy, "count"),
-          (FramedProxy, "read_reply"), (FramedProxy, "checkin"), (Upstream, "reply"), (Upstream, "__init__"),
+          (FramedProxy, "exchange"), (FramedProxy, "checkin"), (Upstream, "reply"), (Upstream, "__init__"),
           (kit.Client, "__init__"), (kit.Client, "send"), (managed.ManagedClient, "__init__"),
           (managed.ManagedSet, "call"), (managed.ManagedSet, "pick"), (managed.ReliabilityCache, "is_enabled"),
-          (faults.FaultyUpstream, "close"), (faults.FaultyUpstream, "reply"), (demo, "release_trial")]
+          (faults.FaultyUpstream, "reply"), (demo, "release_received"), (demo, "dishonest_trial")]
 
 
 def own_attributes():
@@ -99,21 +99,21 @@ def test_the_release_run_is_the_demos_own_and_the_picture_counts_8_of_8_framed_0
     recorder, printed = runs[0]["release.svg"]
     assert printed == transcript_section("demo.txt", "Release rule x upstream write pattern, pool cap 1")
     found = pictures.trials(recorder)
-    assert {label: result for label, (_, result) in found.items()} == {
+    assert {label: pictures.tally(lent)[0] for label, (lent, _) in found.items()} == {
         ("framed", False): 8, ("framed", True): 8, ("timeout", False): 8, ("timeout", True): 0}
     assert pictures.tally(found["framed", True][0])[4] == pictures.tally(found["timeout", True][0])[4] == 8
 
 
 def test_the_timeout_rule_hands_b_the_tail_of_as_answer_and_c_the_tail_of_bs(runs):
-    events, _ = pictures.trials(runs[0]["release.svg"][0])["timeout", True]
-    assert [(e.client, e.reply) for e in events if isinstance(e, Read)][:3] == [
+    lent, _ = pictures.trials(runs[0]["release.svg"][0])["timeout", True]
+    assert [(b.client, b.reply) for b in lent][:3] == [
         ("A", b"alpha="), ("B", b"AAAAAAAAAAAA\nbravo="), ("C", b"BBBBBBBBBBBB\ncharli")]
 
 
 def test_the_interleave_strip_holds_the_19_bytes_and_the_two_requests_nobody_sent(runs):
     recorder = runs[0]["interleave.svg"][0]
-    assert pictures.coalesce([(e.client, e.data) for e in recorder.of(Forwarded)]) == [
-        ("A", b"GET alp"), ("B", b"GET beta\n"), ("A", b"ha\n")]
+    assert b"".join(e.data for e in recorder.of(Forwarded)) == b"GET alpGET beta\nha\n"
+    assert "".join(e.client * len(e.data) for e in recorder.of(Forwarded)) == "A" * 7 + "B" * 9 + "A" * 3
     assert pictures.request_owners(recorder) == [("GET alpGET beta", ["A", "B"]), ("ha", ["A"])]
 
 
@@ -127,7 +127,7 @@ def test_the_headline_run_delivers_both_replies_to_b_and_the_picture_marks_alpha
 
 
 def test_a_different_run_draws_a_different_picture_broadcast_writes_to_a_and_b():
-    recorder, _ = pictures.record_naive_relay(demo.broadcast)
+    recorder, _ = pictures.record_part_one(demo.broadcast)
     targets = [[client for client, _ in pieces] for _, pieces in pictures.deliveries(recorder)]
     assert targets and all(clients == ["A", "B"] for clients in targets)   # one read or two: the scheduler's
     svg = pictures.draw_headline(recorder).render()
@@ -136,21 +136,24 @@ def test_a_different_run_draws_a_different_picture_broadcast_writes_to_a_and_b()
 
 
 def test_the_dirty_return_hands_apples_reply_to_banana_only_when_the_timed_out_call_is_forgotten(runs):
-    recorder = runs[0]["dirty-return.svg"][0]
-    handed = {options: [(what, tone) for _, what, tone, *_ in pictures.dirty_steps(events) if what]
-              for options, events in pictures.variants(recorder)}
+    steps = {}   # client -> its steps
+    for step in runs[0]["dirty-return.svg"][0].of(Step):
+        steps.setdefault(step.client, []).append(step)
+    handed = {(client.late_replies, client.msg_timeout_is_fatal): [
+        (row[-1].split(";")[0], row[-2]) for row in pictures.dirty_rows(events) if not row[-1].startswith("t=")]
+        for client, events in steps.items()}   # (what the timeout or reply did, drawn red) after each request
     assert handed == {
-        ("forget", False): [("it leaves the queue", pictures.INK),
-                            ("handed to banana: WRONG", pictures.RED), ("no call is owed it", pictures.INK)],
-        ("discard", False): [("it stays owed, abandoned", pictures.INK),
-                             ("discarded: apple gave up", pictures.GREEN), ("handed to banana", pictures.GREEN)],
-        ("discard", True): [("its connection is destroyed", pictures.INK), ("handed to banana", pictures.GREEN)]}
+        ("forget", False): [("it leaves the queue", False), ("handed to banana: WRONG", True),
+                            ("no call is owed it", False)],
+        ("discard", False): [("it stays owed, abandoned", False), ("discarded: apple gave up", False),
+                             ("handed to banana", False)],
+        ("discard", True): [("its connection is destroyed", False), ("handed to banana", False)]}
 
 
 def test_the_failover_picture_has_as_windows_0_to_1_1_to_3_and_3_to_7_seconds(runs):
     recorder = runs[0]["failover-windows.svg"][0]
-    assert [(e.service, e.start, e.end) for e in recorder.of(Disabled)] == [
-        ("A", 0.0, 1.0), ("A", 1.0, 3.0), ("A", 3.0, 7.0)]
+    a = recorder.of(Attempt)[0].set.services[0][0]   # A's address
+    assert [(e.service, e.start, e.end) for e in recorder.of(Disabled)] == [(a, 0.0, 1.0), (a, 1.0, 3.0), (a, 3.0, 7.0)]
     assert [e.t for e in recorder.of(SetCall)] == [0.0, 0.5, 1.0, 3.0, 4.0, 7.0]
 
 
@@ -184,9 +187,15 @@ def test_the_dishonest_picture_shows_trustingpools_stream_as_one_queue_each_borr
     assert "the answers to GET bravo2\\n, GET alpha3\\n, GET bravo3\\n" in svg
 
 
-def test_the_failover_picture_says_a_restarted_only_after_the_call_at_3_seconds_had_failed_on_it(runs):
+def test_the_failover_picture_tries_a_only_as_each_window_ends_and_says_so(runs):
     recorder = runs[0]["failover-windows.svg"][0]
-    order = [(type(e).__name__, e.t) for e in recorder.events if type(e).__name__ in ("SetCall", "Service")]
-    assert order.index(("SetCall", 3.0)) < order.index(("Service", 3.0))
+    tried_a, t = [], None   # the times of the calls that tried A
+    for e in recorder.events:
+        if isinstance(e, SetCall):
+            t = e.t
+        elif isinstance(e, Attempt) and e.index == 0 and t not in tried_a:
+            tried_a.append(t)
+    assert tried_a == [0.0] + [e.end for e in recorder.of(Disabled)] == [0.0, 1.0, 3.0, 7.0]
     svg = pictures.render_all(runs[0])["failover-windows.svg"]
-    assert ">restarted at t=3.0s, after that call</text>" in svg and ">A CommunicationError</text>" in svg
+    assert svg.count(">A skipped: disabled</text>") == 5 and svg.count(">A CommunicationError</text>") == 3
+    assert ">A ok</text>" in svg
