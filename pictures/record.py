@@ -19,7 +19,6 @@ import demo
 from part2 import managed
 from part3 import part3_demo, tagged
 from scaffolding import faults, kit
-import tcp_proxy
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
 
 
@@ -59,19 +58,17 @@ Disabled = event("Disabled", "service start end reason", "on_event: the cache op
 Service = event("Service", "kind t service", "an upstream stopped or restarted")
 SetShutDown = event("SetShutDown", "", "the scenario's cleanup begins")
 # Part three (record_redis_pools, record_tagged)
-Scenario = event("Scenario", "name", "a scenario begins")
-RedisRead = event("RedisRead", "client request connection reply rest", "read_reply() returned")
-Recv = event("Recv", "connection data", "more_of_reply() read data from the upstream")
+Scenario = event("Scenario", "name", "a part3_demo scenario begins: its function's name")
+RedisRead = event("RedisRead", "client request connection reply rest",
+                  "read_reply() returned its reply and the rest read past it (connection: the socket's address)")
 Connected = event("Connected", "", "a TaggedClient opened its connection")
-TaggedSent = event("TaggedSent", "caller data", "on_event: a request about to be written, id and all")
-Timeout = event("Timeout", "caller", "the caller's call gave up")
+TaggedSent = event("TaggedSent", "line", "on_event: a request about to be written, id and all")
 Got = event("Got", "line", "on_event: the client's reader took a reply line")
-Dropped = event("Dropped", "", "... and dropped it: its call gave up")
-Returned = event("Returned", "caller outcome", "the call returned a reply (bytes) or raised (the class name)")
+Counted = event("Counted", "counter", "a TaggedClient's count(): sent, replies, timeouts, dropped, broken")
+Returned = event("Returned", "line outcome", "call() returned a reply (bytes) or raised (the class name); line: as sent")
 UpstreamRead = event("UpstreamRead", "tagged line", "a TaggedUpstream parsed a request line")
 UpstreamReady = event("UpstreamReady", "tagged key", "... its reply's delay and pause are over")
 UpstreamWrote = event("UpstreamWrote", "tagged line", "... it wrote a reply line whole")
-
 
 class Recorder(contextlib.ExitStack):
     """The events of one recording, in the order they happened, and the taps that hear
@@ -292,63 +289,41 @@ def record_managed(scenario):
     return r, printed
 
 
-def scenarios(recorder, begin, *named):
-    """A function running each (name, scenario) in turn, each after begin() and a Scenario event."""
-    def run():
-        for name, scenario in named:
-            begin()
-            recorder.log(Scenario(name))
-            scenario()
-    return run
+def run_scenarios(recorder, *scenarios):
+    """Run part3_demo scenarios in turn, each after a Scenario event; return what they printed."""
+    printed = []
+    for scenario in scenarios:
+        recorder.log(Scenario(scenario.__name__))
+        printed.append(run_quietly(scenario))
+    return "".join(printed)
 
 
 def record_redis_pools():
-    """part3_demo's line_pool and resp_pool: (Recorder, what they printed). Connections are
-    numbered from 1 in each scenario, in the order they are first used."""
-    numbers = {}   # the upstream socket's local address -> its number in this scenario
-
-    def number(sock):
-        return numbers.setdefault(sock.getsockname(), len(numbers) + 1)
-
+    """part3_demo's line_pool and resp_pool: (Recorder, what they printed). A handler thread
+    notes its client at its first request (the client's __init__ is over by then) and each request."""
     with Recorder() as r:
-        r.name_demo_clients()
-        r.name_pool_requests()
+        r.tap(kit.Client, "__init__", after=lambda _, client, name, *a, **o: r.names.__setitem__(
+            client.sock.getsockname(), name))
+        r.tap(FramedProxy, "handle", before=lambda proxy, conn: r.note(conn=conn))
+        r.tap(FramedProxy, "exchange", before=lambda proxy, request: r.note(
+            client=r.peer(r.thread.conn), request=request))
         r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
-            r.thread.client, r.thread.request, number(sock), *result)))
-        r.tap(tcp_proxy, "more_of_reply", after=lambda data, sock: r.log(Recv(number(sock), data)))
-        printed = run_quietly(scenarios(r, lambda: numbers.clear() or r.names.clear(),
-                                        ("line-pool", part3_demo.line_pool), ("resp-pool", part3_demo.resp_pool)))
+            r.thread.client, r.thread.request, sock.getsockname(), *result)))
+        printed = run_scenarios(r, part3_demo.line_pool, part3_demo.resp_pool)
     return r, printed
 
 
 def record_tagged():
-    """part3_demo's out_of_order, slow_key and late_reply: (Recorder, what they printed).
-    Callers are named A, B, C ... in the order they first call in a scenario."""
-    callers = {"named": 0, "scenario": 0}   # callers named so far in this scenario; which scenario
-
-    def caller():
-        """The calling thread's name, given at its first call in this scenario (kept per thread,
-        not by thread ident: a finished thread's ident is reused)."""
-        scenario, name = getattr(r.thread, "caller", (None, None))
-        if scenario != callers["scenario"]:
-            name = kit.CLIENT_NAMES[callers["named"]]
-            callers["named"] += 1
-            r.note(caller=(callers["scenario"], name))
-        return name
-
+    """part3_demo's out_of_order, slow_key and late_reply: (Recorder, what they printed)."""
     def heard(client, what):
-        kind, data = what
-        r.log(TaggedSent(caller(), data) if kind == "sent" else Got(data))
+        kind, line = what
+        if kind == "sent":   # on the calling thread: its call's Returned names the request by it
+            r.note(sent=line)
+        r.log(TaggedSent(line) if kind == "sent" else Got(line))
 
     def client_made(_, client, *args, **options):
         r.listen(client, heard)
         r.log(Connected())
-
-    def client_counted(client, name, amount=1):
-        if name == "timeouts":
-            r.log(Timeout(caller()))
-        elif name == "dropped":   # on the reader's thread, just after the line it took
-            r.log(Dropped())
 
     def upstream_counted(upstream, name, amount=1):
         if name == "requests":   # on the connection's reader thread, after `parsed` has it
@@ -358,17 +333,12 @@ def record_tagged():
         elif name == "replies":  # after sendall(), once `written` has it
             r.log(UpstreamWrote(upstream.tagged, upstream.written[-1]))
 
-    def begin():
-        callers.update(named=0, scenario=callers["scenario"] + 1)
-
     with Recorder() as r:
         r.tap(tagged.TaggedClient, "__init__", after=client_made)
-        r.tap(tagged.TaggedClient, "call", before=lambda client, *a: caller(),
-              after=lambda reply, client, *a: r.log(Returned(caller(), reply)),
-              raised=lambda error, client, *a: r.log(Returned(caller(), type(error).__name__)))
-        r.tap(tagged.TaggedClient, "count", before=client_counted)
+        r.tap(tagged.TaggedClient, "call", after=lambda reply, *a: r.log(Returned(r.thread.sent, reply)),
+              raised=lambda error, *a: r.log(Returned(r.thread.sent, type(error).__name__)))
+        r.tap(tagged.TaggedClient, "count", before=lambda client, name, amount=1: r.log(Counted(name)))
         r.tap(tagged.TaggedUpstream, "count", before=upstream_counted)
         r.tap(tagged, "key_of", after=lambda key, line: r.note(key=key))   # on the request's thread
-        printed = run_quietly(scenarios(r, begin, ("out-of-order", part3_demo.out_of_order),
-                                        ("slow-key", part3_demo.slow_key), ("late-reply", part3_demo.late_reply)))
+        printed = run_scenarios(r, part3_demo.out_of_order, part3_demo.slow_key, part3_demo.late_reply)
     return r, printed
