@@ -57,18 +57,13 @@ Attempt = event("Attempt", "t number service result", "on_event: an attempt ende
 Disabled = event("Disabled", "service start end reason", "on_event: the cache opened a window")
 Service = event("Service", "kind t service", "an upstream stopped or restarted")
 SetShutDown = event("SetShutDown", "", "the scenario's cleanup begins")
-# Part three (record_redis_pools, record_tagged)
-Scenario = event("Scenario", "name", "a part3_demo scenario begins: its function's name")
+# Part three (record_part3), kept per scenario
 RedisRead = event("RedisRead", "client request connection reply rest",
                   "read_reply() returned its reply and the rest read past it (connection: the socket's address)")
-Connected = event("Connected", "", "a TaggedClient opened its connection")
 TaggedSent = event("TaggedSent", "line", "on_event: a request about to be written, id and all")
 Got = event("Got", "line", "on_event: the client's reader took a reply line")
-Counted = event("Counted", "counter", "a TaggedClient's count(): sent, replies, timeouts, dropped, broken")
-Returned = event("Returned", "line outcome", "call() returned a reply (bytes) or raised (the class name); line: as sent")
-UpstreamRead = event("UpstreamRead", "tagged line", "a TaggedUpstream parsed a request line")
-UpstreamReady = event("UpstreamReady", "tagged key", "... its reply's delay and pause are over")
-UpstreamWrote = event("UpstreamWrote", "tagged line", "... it wrote a reply line whole")
+Returned = event("Returned", "line outcome", "call() returned bytes or raised (the class name); line: as sent")
+Counted = event("Counted", "source counter key", "a TaggedClient's or TaggedUpstream's count(); key: see key_of")
 
 class Recorder(contextlib.ExitStack):
     """The events of one recording, in the order they happened, and the taps that hear
@@ -289,18 +284,20 @@ def record_managed(scenario):
     return r, printed
 
 
-def run_scenarios(recorder, *scenarios):
-    """Run part3_demo scenarios in turn, each after a Scenario event; return what they printed."""
-    printed = []
-    for scenario in scenarios:
-        recorder.log(Scenario(scenario.__name__))
-        printed.append(run_quietly(scenario))
-    return "".join(printed)
+def record_part3():
+    """part3_demo's scenarios that Part three's pictures draw: ({each one's name: the events it
+    made}, what they printed). A pool's handler thread notes each request and its client (named
+    by then: a client's __init__ is over before it sends)."""
+    def heard(client, what):
+        kind, line = what
+        if kind == "sent":   # on the calling thread: its call's Returned names the request by it
+            r.note(sent=line)
+        r.log(TaggedSent(line) if kind == "sent" else Got(line))
 
+    def counted(source, name, amount=1):
+        r.log(Counted(source, name, getattr(r.thread, "key", None)))
 
-def record_redis_pools():
-    """part3_demo's line_pool and resp_pool: (Recorder, what they printed). A handler thread
-    notes its client at its first request (the client's __init__ is over by then) and each request."""
+    events, printed = {}, ""
     with Recorder() as r:
         r.tap(kit.Client, "__init__", after=lambda _, client, name, *a, **o: r.names.__setitem__(
             client.sock.getsockname(), name))
@@ -309,36 +306,15 @@ def record_redis_pools():
             client=r.peer(r.thread.conn), request=request))
         r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
             r.thread.client, r.thread.request, sock.getsockname(), *result)))
-        printed = run_scenarios(r, part3_demo.line_pool, part3_demo.resp_pool)
-    return r, printed
-
-
-def record_tagged():
-    """part3_demo's out_of_order, slow_key and late_reply: (Recorder, what they printed)."""
-    def heard(client, what):
-        kind, line = what
-        if kind == "sent":   # on the calling thread: its call's Returned names the request by it
-            r.note(sent=line)
-        r.log(TaggedSent(line) if kind == "sent" else Got(line))
-
-    def client_made(_, client, *args, **options):
-        r.listen(client, heard)
-        r.log(Connected())
-
-    def upstream_counted(upstream, name, amount=1):
-        if name == "requests":   # on the connection's reader thread, after `parsed` has it
-            r.log(UpstreamRead(upstream.tagged, upstream.parsed[-1]))
-        elif name == "ready":    # on the request's thread, its delay and pause over
-            r.log(UpstreamReady(upstream.tagged, r.thread.key))
-        elif name == "replies":  # after sendall(), once `written` has it
-            r.log(UpstreamWrote(upstream.tagged, upstream.written[-1]))
-
-    with Recorder() as r:
-        r.tap(tagged.TaggedClient, "__init__", after=client_made)
+        r.tap(tagged.TaggedClient, "__init__", after=lambda _, client, *a, **o: r.listen(client, heard))
         r.tap(tagged.TaggedClient, "call", after=lambda reply, *a: r.log(Returned(r.thread.sent, reply)),
               raised=lambda error, *a: r.log(Returned(r.thread.sent, type(error).__name__)))
-        r.tap(tagged.TaggedClient, "count", before=lambda client, name, amount=1: r.log(Counted(name)))
-        r.tap(tagged.TaggedUpstream, "count", before=upstream_counted)
-        r.tap(tagged, "key_of", after=lambda key, line: r.note(key=key))   # on the request's thread
-        printed = run_scenarios(r, part3_demo.out_of_order, part3_demo.slow_key, part3_demo.late_reply)
-    return r, printed
+        r.tap(tagged.TaggedClient, "count", before=counted)
+        r.tap(tagged.TaggedUpstream, "count", before=counted)
+        r.tap(tagged, "key_of", after=lambda key, line: r.note(key=key))   # on an upstream's request thread
+        for scenario in (part3_demo.line_pool, part3_demo.resp_pool, part3_demo.out_of_order, part3_demo.slow_key,
+                         part3_demo.late_reply):
+            start = len(r.events)   # the scenario's threads are joined when it returns
+            printed += run_quietly(scenario)
+            events[scenario.__name__] = r.events[start:]
+    return events, printed
