@@ -7,22 +7,20 @@ from pictures.svg import GREEN, INK, RED, RED_FILL, Svg, borrows, colours, cut, 
 from scaffolding.kit import CLIENT_NAMES
 
 
-def redis_borrows(reads):
-    """svg.borrows' strip and rows for one connection's reads: what the pool read (each reply,
-    then the last read's rest) cut into Redis's replies (the n-th the n-th borrower's: Redis
-    answers in order), then where each read ended. How much it read past the last reply a read
-    touched is the scheduler's, so none of that is shown."""
+def redis_rows(reads):
+    """svg.borrows' rows for one connection's reads, each read's bytes in the colour of the
+    borrower whose reply they are: what the pool read (each reply, then the last read's rest)
+    is cut into Redis's replies, the n-th the n-th borrower's, as Redis answers in order."""
     stream = b"".join(read.reply for read in reads) + reads[-1].rest
     replies, end = [], 0
-    while end < len(stream) - len(reads[-1].rest):
+    while end < len(stream) - len(reads[-1].rest):   # past the last reply a read touched: the scheduler's
         size = resp.reply_size(stream[end:])
         replies.append((reads[len(replies)].client, stream[end:end + size]))
         end += size
-    strip, rows, start = [], [], 0
+    rows, start = [], 0
     for read in reads:
         took = cut(replies, start, start + len(read.reply))
         start += len(read.reply)
-        strip += [(owner, data, owner != read.client, read.client) for owner, data in took]
         others = sorted({owner for owner, _ in took} - {read.client})
         if others:
             verdict = f"WRONG: bytes of {', '.join(others)}'s reply"
@@ -32,8 +30,7 @@ def redis_borrows(reads):
             verdict = "cut: only the first line of its reply"
         got = [(owner, data, owner != read.client) for owner, data in took]
         rows.append((read.client, read.request, got, verdict, GREEN if verdict == "its whole reply" else RED, ""))
-    strip += [(owner, data, False, None) for owner, data in cut(replies, start, end)]   # unread
-    return ("what Redis wrote on upstream connection 1, reply after reply:", strip), rows
+    return rows
 
 
 def draw_redis_line_pool(runs):
@@ -43,23 +40,24 @@ def draw_redis_line_pool(runs):
                              "then the value on a second line",
                       "each client borrows the pool's one upstream connection in turn"])
     line_reads = [e for e in runs["line_pool"] if isinstance(e, RedisRead)]
-    line_strip, rows = redis_borrows(line_reads)
+    line_rows = redis_rows(line_reads)
     bottom = borrows(svg, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
-                     "the bytes read past it stay on the connection for the next borrower", line_strip, rows)
+                     "the bytes read past it stay on the connection for the next borrower", None, line_rows)
     svg.text(16, bottom + 4, f"the line framing stopped after {visible(line_reads[0].reply)}; the rest, "
              f"{visible(line_reads[0].rest)}, went to the next borrower as its reply", 13, RED, bold=True)
     resp_reads = [e for e in runs["resp_pool"] if isinstance(e, RedisRead)]
     first = [read for read in resp_reads if read.connection == resp_reads[0].connection]
-    resp_strip, rows = redis_borrows(first[:4])
+    resp_rows = redis_rows(first)
     bottom = borrows(svg, bottom + 50, "FramedProxy, framing=RESP: the reply ends where its type byte and length say",
-                     "client A's four requests one after another through the pool's one connection", resp_strip, rows)
-    crowd = [verdict for _, _, _, verdict, _, _ in redis_borrows(first)[1][4:]]
+                     "client A's four requests one after another through the pool's one connection", None,
+                     resp_rows[:4])
+    crowd = [verdict for _, _, _, verdict, _, _ in resp_rows[4:]]
     right = crowd.count("its whole reply")
     connections = len({read.connection for read in resp_reads})
     svg.text(16, bottom + 4, f"then {len(crowd)} GETs from 8 clients at once: each got its own whole "
              f"reply {right}/{len(crowd)}, over {connections} upstream connection", 13,
              GREEN if right == len(crowd) else RED, bold=True)
-    drawn = sorted({owner for _, pieces in (line_strip, resp_strip) for owner, *_ in pieces})   # only colours drawn
+    drawn = sorted({owner for _, _, got, *_ in line_rows + resp_rows[:4] for owner, _, _ in got})   # only colours drawn
     svg.legend(16, bottom + 36, [(f"{owner}'s reply", *colours(owner)) for owner in drawn]
                + [("red outline: bytes of another client's reply", RED_FILL, RED)])
     return svg

@@ -8,7 +8,7 @@ import sys
 
 from part3 import wild
 from pictures.draw import save
-from pictures.svg import FAINT, GREEN, MUTED, RED, RED_FILL, Svg, heading, sequence
+from pictures.svg import FAINT, GREEN, RED, RED_FILL, Svg, heading, sequence
 
 NAME = "part3-wild.svg"
 SHOWN = ("4.5.1", "4.5.5")   # the affected version beside the fixed one
@@ -56,11 +56,10 @@ def draw(records):
         rows = rows_of(scenario)
         connections = len(scenario["connections"])
         wrong = sum(row[0] == "arrow" and row[5] for row in rows)
-        svg.text(left, top + 10, f"redis-py {version}: {scenario['verdict']}", 14, RED if wrong else GREEN, bold=True)
-        svg.text(left, top + 28, f"{connections} relay connection{'s' if connections > 1 else ''}, "
-                                 f"{wrong} of 3 replies to the wrong client", 12, MUTED)
+        svg.text(left, top + 10, f"redis-py {version}: {scenario['verdict']}, {wrong} of 3 replies to the wrong "
+                                 "client", 14, RED if wrong else GREEN, bold=True)
         lanes = {TASKS: left + 90} | {f"connection {n}": left + 120 + 170 * n for n in range(1, connections + 1)}
-        bottoms.append(sequence(svg, top + 72, lanes, rows, None))
+        bottoms.append(sequence(svg, top + 54, lanes, rows, None))
     svg.line(606, top, 606, max(bottoms), FAINT, 1)
     svg.legend(16, max(bottoms) + 30, [("red: a reply read by a client that did not ask for it", RED_FILL, RED)])
     return svg
