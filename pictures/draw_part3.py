@@ -70,11 +70,12 @@ def call_of(line):
     return request_id, rest, CLIENT_NAMES[request_id - 1]
 
 
-def tagged_picture(lines, events, summary, tone):
+def tagged_picture(lines, events, tone, more=""):
     """`lines` (the title first), then one TaggedClient's scenario as a sequence, a lane per call:
     each request sent, call given up and reply taken, as logged; a reply goes to the call its id
     names, checked against what that call returned, or if it gave up, no further than the client.
-    Then `summary`. Returns (the picture, the summary's baseline)."""
+    Then the ids in the order they went out and came back, and `more`. Returns (the picture, its
+    last line's baseline)."""
     returned = {call_of(e.line)[0]: e.outcome for e in events if isinstance(e, Returned)}
     rows = []
     for event in (e for e in events if isinstance(e, (TaggedSent, Returned, Got))):
@@ -98,7 +99,7 @@ def tagged_picture(lines, events, summary, tone):
     lanes = {name: 100 + index * 130 for index, name in enumerate(names)}
     lanes.update(TaggedClient=lanes[names[-1]] + 150, TaggedUpstream=lanes[names[-1]] + 380)
     bottom = sequence(svg, top, lanes, rows, lanes["TaggedUpstream"] + 70) + 28
-    svg.text(16, bottom, summary, 13, tone, bold=True)
+    svg.text(16, bottom, f"ids went out {ids(events)}; replies came back {ids(events, Got)}{more}", 13, tone, bold=True)
     return svg, bottom
 
 
@@ -113,8 +114,7 @@ def draw_tagged_out_of_order(runs):
     return tagged_picture(["Part three, scenario 5: request ids, three calls over one connection",
                            "each request goes out as <id> <line>; the upstream answers in its own order, "
                            "and the client's reader gives each reply to the call that owns its id"], events,
-                          f"ids went out {ids(events)}; replies came back {ids(events, Got)}: "
-                          "not the order asked", RED)[0]
+                          RED, ": not the order asked")[0]
 
 
 def draw_head_of_line(runs):
@@ -122,15 +122,14 @@ def draw_head_of_line(runs):
     # whether a quick reply comes back before the next request is sent is the scheduler's
     # choice: drawn in the log's order, the picture would change from run to run
     requests_first = [e for e in events if not isinstance(e, Got)] + [e for e in events if isinstance(e, Got)]
-    slow_id = next(call_of(e.line)[0] for e in events if isinstance(e, TaggedSent) and e.line.endswith(b" GET slow\n"))
     svg, y = tagged_picture(
         ["Part three, scenario 6: a slow key and the fast keys behind it",
          "the upstream holds the reply to GET slow (a hook, not a sleep) until the fast calls are done; "
          "the same four requests, with ids and without",
          "with ids (TaggedClient, one connection, a thread per call): every request drawn first, then the "
-         "replies in the order the client's reader took them"], requests_first,
-        f"ids went out {ids(events)}; replies came back {ids(events, Got)}: GET slow is id {slow_id}", GREEN)
-    twin = next(e.source for e in events if isinstance(e, Counted) and getattr(e.source, "tagged", None) is False)
+         "replies in the order the client's reader took them"], requests_first, GREEN)
+    twin = next(e.source for e in events if isinstance(e, Counted) and isinstance(e.source, tagged.TaggedUpstream)
+                and not e.source.tagged)
     counted = [e for e in events if isinstance(e, Counted) and e.source is twin]
     held = counted[:counted.index(Counted(twin, "ready", "slow"))]   # what it counted while GET slow was held
     ready = sorted(e.key for e in held if e.counter == "ready")
@@ -154,10 +153,10 @@ def draw_late_reply(runs):
     served = [e for e in events if isinstance(e, Returned) and isinstance(e.outcome, bytes)]
     return tagged_picture(["Part three, scenario 7: a timed-out call's late reply, dropped by id",
                            "the upstream holds the reply to GET slow until the call has given up and the "
-                           "next request is on the wire; then it writes both"], events,
-                          f"late replies dropped by id: {counters.count((tagged.TaggedClient, 'dropped'))}; "
-                          f"the connection served on: ids {ids(served, Returned)} went to their callers; "
-                          f"connections opened: {counters.count((tagged.TaggedUpstream, 'connections'))}", GREEN)[0]
+                           "next request is on the wire; then it writes both"], events, GREEN,
+                          f"; late replies dropped: {counters.count((tagged.TaggedClient, 'dropped'))}; ids "
+                          f"{ids(served, Returned)} went to their callers; connections opened: "
+                          f"{counters.count((tagged.TaggedUpstream, 'connections'))}")[0]
 
 
 PICTURES = {   # file name -> (run the scenarios: ({scenario: its events}, what they printed), draw from those)

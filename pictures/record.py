@@ -58,12 +58,12 @@ Disabled = event("Disabled", "service start end reason", "on_event: the cache op
 Service = event("Service", "kind t service", "an upstream stopped or restarted")
 SetShutDown = event("SetShutDown", "", "the scenario's cleanup begins")
 # Part three (record_part3), kept per scenario
-RedisRead = event("RedisRead", "client request connection reply rest",
-                  "read_reply() returned its reply and the rest read past it (connection: the socket's address)")
+RedisRead = event("RedisRead", "client request connection reply rest", "read_reply() returned; connection: an address")
 TaggedSent = event("TaggedSent", "line", "on_event: a request about to be written, id and all")
 Got = event("Got", "line", "on_event: the client's reader took a reply line")
 Returned = event("Returned", "line outcome", "call() returned bytes or raised (the class name); line: as sent")
 Counted = event("Counted", "source counter key", "a TaggedClient's or TaggedUpstream's count(); key: see key_of")
+
 
 class Recorder(contextlib.ExitStack):
     """The events of one recording, in the order they happened, and the taps that hear
