@@ -16,7 +16,6 @@ import demo
 from part2 import managed
 from part3 import part3_demo, tagged
 from scaffolding import kit
-import tcp_proxy
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
 
 
@@ -46,19 +45,12 @@ Disabled = event("Disabled", "cache kind service start end reason", 'on_event "d
 ON_EVENT = {"sent": Step, "timed out": Step, "reply": Step, "attempt": Attempt, "disabled": Disabled}   # by kind
 SetCall = event("SetCall", "t request", "ManagedSet.call() begins")
 Skipped = event("Skipped", "service", "pick() found a service disabled")
-# Part three (record_redis_pools, record_tagged)
-Scenario = event("Scenario", "name", "a scenario begins")
-RedisRead = event("RedisRead", "client request connection reply rest", "read_reply() returned")
-Recv = event("Recv", "connection data", "more_of_reply() read data from the upstream")
-Connected = event("Connected", "", "a TaggedClient opened its connection")
-TaggedSent = event("TaggedSent", "caller data", "on_event: a request about to be written, id and all")
-Timeout = event("Timeout", "caller", "the caller's call gave up")
+# Part three (record_part3), kept per scenario
+RedisRead = event("RedisRead", "client request connection reply rest", "read_reply() returned; connection: an address")
+TaggedSent = event("TaggedSent", "line", "on_event: a request about to be written, id and all")
 Got = event("Got", "line", "on_event: the client's reader took a reply line")
-Dropped = event("Dropped", "", "... and dropped it: its call gave up")
-Returned = event("Returned", "caller outcome", "the call returned a reply (bytes) or raised (the class name)")
-UpstreamRead = event("UpstreamRead", "tagged line", "a TaggedUpstream parsed a request line")
-UpstreamReady = event("UpstreamReady", "tagged key", "... its reply's delay and pause are over")
-UpstreamWrote = event("UpstreamWrote", "tagged line", "... it wrote a reply line whole")
+Returned = event("Returned", "line outcome", "call() returned bytes or raised (the class name); line: as sent")
+Counted = event("Counted", "source counter key", "a TaggedClient's or TaggedUpstream's count(); key: see key_of")
 
 
 
@@ -199,83 +191,37 @@ def record_managed(scenario):
     return r, printed
 
 
-def scenarios(recorder, begin, *named):
-    """A function running each (name, scenario) in turn, each after begin() and a Scenario event."""
-    def run():
-        for name, scenario in named:
-            begin()
-            recorder.log(Scenario(name))
-            scenario()
-    return run
-
-
-def record_redis_pools():
-    """part3_demo's line_pool and resp_pool: (Recorder, what they printed). Connections are
-    numbered from 1 in each scenario, in the order they are first used."""
-    numbers = {}   # the upstream socket's local address -> its number in this scenario
-
-    def number(sock):
-        return numbers.setdefault(sock.getsockname(), len(numbers) + 1)
-
-    with Recorder() as r:
-        r.name_demo_clients()
-        r.name_pool_requests()
-        r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
-            r.thread.client, r.thread.request, number(sock), *result)))
-        r.tap(tcp_proxy, "more_of_reply", after=lambda data, sock: r.log(Recv(number(sock), data)))
-        printed = run_quietly(scenarios(r, lambda: numbers.clear() or r.names.clear(),
-                                        ("line-pool", part3_demo.line_pool), ("resp-pool", part3_demo.resp_pool)))
-    return r, printed
-
-
-def record_tagged():
-    """part3_demo's out_of_order, slow_key and late_reply: (Recorder, what they printed).
-    Callers are named A, B, C ... in the order they first call in a scenario."""
-    callers = {"named": 0, "scenario": 0}   # callers named so far in this scenario; which scenario
-
-    def caller():
-        """The calling thread's name, given at its first call in this scenario (kept per thread,
-        not by thread ident: a finished thread's ident is reused)."""
-        scenario, name = getattr(r.thread, "caller", (None, None))
-        if scenario != callers["scenario"]:
-            name = kit.CLIENT_NAMES[callers["named"]]
-            callers["named"] += 1
-            r.note(caller=(callers["scenario"], name))
-        return name
-
+def record_part3():
+    """part3_demo's scenarios that Part three's pictures draw: ({each one's name: the events it
+    made}, what they printed). A pool's handler thread notes each request and its client (named
+    by then: a client's __init__ is over before it sends)."""
     def heard(client, what):
-        kind, data = what
-        r.log(TaggedSent(caller(), data) if kind == "sent" else Got(data))
+        kind, line = what
+        if kind == "sent":   # on the calling thread: its call's Returned names the request by it
+            r.note(sent=line)
+        r.log(TaggedSent(line) if kind == "sent" else Got(line))
 
-    def client_made(_, client, *args, **options):
-        r.listen(client, heard)
-        r.log(Connected())
+    def counted(source, name, amount=1):
+        r.log(Counted(source, name, getattr(r.thread, "key", None)))
 
-    def client_counted(client, name, amount=1):
-        if name == "timeouts":
-            r.log(Timeout(caller()))
-        elif name == "dropped":   # on the reader's thread, just after the line it took
-            r.log(Dropped())
-
-    def upstream_counted(upstream, name, amount=1):
-        if name == "requests":   # on the connection's reader thread, after `parsed` has it
-            r.log(UpstreamRead(upstream.tagged, upstream.parsed[-1]))
-        elif name == "ready":    # on the request's thread, its delay and pause over
-            r.log(UpstreamReady(upstream.tagged, r.thread.key))
-        elif name == "replies":  # after sendall(), once `written` has it
-            r.log(UpstreamWrote(upstream.tagged, upstream.written[-1]))
-
-    def begin():
-        callers.update(named=0, scenario=callers["scenario"] + 1)
-
+    events, printed = {}, ""
     with Recorder() as r:
-        r.tap(tagged.TaggedClient, "__init__", after=client_made)
-        r.tap(tagged.TaggedClient, "call", before=lambda client, *a: caller(),
-              after=lambda reply, client, *a: r.log(Returned(caller(), reply)),
-              raised=lambda error, client, *a: r.log(Returned(caller(), type(error).__name__)))
-        r.tap(tagged.TaggedClient, "count", before=client_counted)
-        r.tap(tagged.TaggedUpstream, "count", before=upstream_counted)
-        r.tap(tagged, "key_of", after=lambda key, line: r.note(key=key))   # on the request's thread
-        printed = run_quietly(scenarios(r, begin, ("out-of-order", part3_demo.out_of_order),
-                                        ("slow-key", part3_demo.slow_key), ("late-reply", part3_demo.late_reply)))
-    return r, printed
+        r.tap(kit.Client, "__init__", after=lambda _, client, name, *a, **o: r.names.__setitem__(
+            client.sock.getsockname(), name))
+        r.tap(FramedProxy, "handle", before=lambda proxy, conn: r.note(conn=conn))
+        r.tap(FramedProxy, "exchange", before=lambda proxy, request: r.note(
+            client=r.peer(r.thread.conn), request=request))
+        r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
+            r.thread.client, r.thread.request, sock.getsockname(), *result)))
+        r.tap(tagged.TaggedClient, "__init__", after=lambda _, client, *a, **o: r.listen(client, heard))
+        r.tap(tagged.TaggedClient, "call", after=lambda reply, *a: r.log(Returned(r.thread.sent, reply)),
+              raised=lambda error, *a: r.log(Returned(r.thread.sent, type(error).__name__)))
+        r.tap(tagged.TaggedClient, "count", before=counted)
+        r.tap(tagged.TaggedUpstream, "count", before=counted)
+        r.tap(tagged, "key_of", after=lambda key, line: r.note(key=key))   # on an upstream's request thread
+        for scenario in (part3_demo.line_pool, part3_demo.resp_pool, part3_demo.out_of_order, part3_demo.slow_key,
+                         part3_demo.late_reply):
+            start = len(r.events)   # the scenario's threads are joined when it returns
+            printed += run_quietly(scenario)
+            events[scenario.__name__] = r.events[start:]
+    return events, printed
