@@ -15,7 +15,7 @@ from collections import namedtuple
 import demo
 from part2 import managed
 from part3 import part3_demo, tagged
-from scaffolding import kit
+from scaffolding import faults, kit
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
 
 
@@ -45,6 +45,7 @@ Disabled = event("Disabled", "cache kind service start end reason", 'on_event "d
 ON_EVENT = {"sent": Step, "timed out": Step, "reply": Step, "attempt": Attempt, "disabled": Disabled}   # by kind
 SetCall = event("SetCall", "t request", "ManagedSet.call() begins")
 Skipped = event("Skipped", "service", "pick() found a service disabled")
+Service = event("Service", "kind t addr", "a FaultyUpstream stopped or restarted, at the set's clock's time")
 # Part three (record_part3), kept per scenario
 RedisRead = event("RedisRead", "client request connection reply rest", "read_reply() returned; connection: an address")
 TaggedSent = event("TaggedSent", "line", "on_event: a request about to be written, id and all")
@@ -178,6 +179,15 @@ def record_managed(scenario):
     def set_made(_, managed_set, *args, **options):
         r.listen(managed_set, heard)
         r.listen(managed_set.rcache, heard)
+        sets.append(managed_set)
+
+    def changed(kind):
+        def log(upstream):
+            if sets and upstream.closed == (kind == "restarted"):   # a change, not a second close()
+                r.log(Service(kind, sets[0].clock.now(), upstream.addr))
+        return log
+
+    sets = []   # the ManagedSets made so far: the first one's clock times an upstream's stop and restart
 
     with Recorder() as r:
         r.tap(managed.ManagedClient, "__init__", after=lambda _, client, *a, **o: r.listen(client, heard))
@@ -185,6 +195,8 @@ def record_managed(scenario):
         r.tap(managed.ManagedSet, "call", before=lambda s, request: r.log(SetCall(s.clock.now(), request)))
         r.tap(managed.ManagedSet, "pick", before=lambda s, *a: r.note(picking=True),
               after=lambda *a: r.note(picking=False))
+        r.tap(faults.FaultyUpstream, "close", before=changed("stopped"))
+        r.tap(faults.FaultyUpstream, "restart", before=changed("restarted"))
         r.tap(managed.ReliabilityCache, "is_enabled", after=lambda yes, cache, addr: getattr(
             r.thread, "picking", False) and not yes and r.log(Skipped(addr)))
         printed = run_quietly(scenario)
@@ -206,11 +218,8 @@ def record_part3():
 
     events, printed = {}, ""
     with Recorder() as r:
-        r.tap(kit.Client, "__init__", after=lambda _, client, name, *a, **o: r.names.__setitem__(
-            client.sock.getsockname(), name))
-        r.tap(FramedProxy, "handle", before=lambda proxy, conn: r.note(conn=conn))
-        r.tap(FramedProxy, "exchange", before=lambda proxy, request: r.note(
-            client=r.peer(r.thread.conn), request=request))
+        r.name_demo_clients()
+        r.name_pool_requests()
         r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
             r.thread.client, r.thread.request, sock.getsockname(), *result)))
         r.tap(tagged.TaggedClient, "__init__", after=lambda _, client, *a, **o: r.listen(client, heard))

@@ -26,7 +26,8 @@ TAPPED = [(NaiveProxy, "forward"), (NaiveProxy, "route"), (FramedProxy, "checkou
           (FramedProxy, "exchange"), (FramedProxy, "checkin"), (Upstream, "reply"), (Upstream, "__init__"),
           (kit.Client, "__init__"), (kit.Client, "send"), (managed.ManagedClient, "__init__"),
           (managed.ManagedSet, "call"), (managed.ManagedSet, "pick"), (managed.ReliabilityCache, "is_enabled"),
-          (faults.FaultyUpstream, "reply"), (demo, "release_received"), (demo, "dishonest_trial")]
+          (faults.FaultyUpstream, "reply"), (faults.FaultyUpstream, "close"), (faults.FaultyUpstream, "restart"),
+          (demo, "release_received"), (demo, "dishonest_trial")]
 
 
 def own_attributes():
@@ -199,3 +200,11 @@ def test_the_failover_picture_tries_a_only_as_each_window_ends_and_says_so(runs)
     svg = pictures.render_all(runs[0])["failover-windows.svg"]
     assert svg.count(">A skipped: disabled</text>") == 5 and svg.count(">A CommunicationError</text>") == 3
     assert ">A ok</text>" in svg
+
+
+def test_the_failover_picture_says_a_restarted_only_after_the_call_at_3_seconds_had_failed_on_it(runs):
+    recorder = runs[0]["failover-windows.svg"][0]
+    order = [(type(e).__name__, e.t) for e in recorder.events if type(e).__name__ in ("SetCall", "Service")]
+    assert order.index(("SetCall", 3.0)) < order.index(("Service", 3.0)) < order.index(("SetCall", 4.0))
+    svg = pictures.render_all(runs[0])["failover-windows.svg"]
+    assert ">restarted at t=3.0s, after that call</text>" in svg and ">A, the upstream</text>" in svg
