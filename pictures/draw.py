@@ -9,7 +9,7 @@ import demo
 from part2 import managed_demo
 from pictures.record import (Attempt, Borrow, Disabled, Forwarded, Received, Replied, Routed, Sent, Service,
                              SetCall, Skipped, Step, Trial, record_managed, record_part_one)
-from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, Svg, borrows, colours, cut, heading, sequence, visible
+from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, borrows, colours, cut, sequence, titled, visible
 from scaffolding.kit import CLIENT_NAMES
 from tcp_proxy import answer
 
@@ -55,11 +55,10 @@ CELL = 30   # a byte's width in the strip
 
 
 def draw_interleave(recorder):
-    title = "Scenario 1: two clients' bytes interleave on one upstream socket"
-    svg = Svg(title)
     forwarded = [(e.client, value) for e in recorder.of(Forwarded) for value in e.data]
-    y = heading(svg, [title, f"the {len(forwarded)} bytes NaiveProxy forwarded, in the order they reached the "
-                             "upstream, each in its sender's colour"])
+    svg, y = titled("Scenario 1: two clients' bytes interleave on one upstream socket",
+                    f"the {len(forwarded)} bytes NaiveProxy forwarded, in the order they reached the upstream, "
+                    "each in its sender's colour")
     left = 24
     for position, (owner, value) in enumerate(forwarded):   # a cell per byte, each b"\n" dark
         fill, stroke = colours(owner)
@@ -88,10 +87,9 @@ def draw_interleave(recorder):
 
 
 def draw_headline(recorder):
-    title = "Scenario 2: whole requests, one after the other: B gets A's answer"
-    svg = Svg(title)
-    y = heading(svg, [title, "NaiveProxy shares one upstream socket and routes every reply to `last`, "
-                             "the client that wrote most recently"])
+    svg, y = titled("Scenario 2: whole requests, one after the other: B gets A's answer",
+                    "NaiveProxy shares one upstream socket and routes every reply to `last`, "
+                    "the client that wrote most recently")
     rows = []   # svg.sequence's, top to bottom: what went up, in the order it did, then the replies
     for e in recorder.events:
         if isinstance(e, Sent):
@@ -183,10 +181,9 @@ def pool_panel(svg, y, rule, note, lent, replies, shown):
 
 
 def draw_release(recorder):
-    title = "Scenario 6: a reply written in two parts with a pause between, pool cap 1"
-    svg = Svg(title)
-    y = heading(svg, [title, "two trials of its paused-reply row: the framed rule above, the timeout rule below",
-                      "the clients send in name order, each once the one before has the connection"])
+    svg, y = titled("Scenario 6: a reply written in two parts with a pause between, pool cap 1",
+                    "two trials of its paused-reply row: the framed rule above, the timeout rule below",
+                    "the clients send in name order, each once the one before has the connection")
     shown = 3   # borrows drawn per trial; the note says how many it made
     for release in ("framed", "timeout"):
         lent, replies = trials(recorder)[release, True]
@@ -204,13 +201,12 @@ def draw_release(recorder):
 
 
 def draw_dishonest(recorder):
-    title = "Scenario 9: an upstream that says one line nobody asked for"
-    svg = Svg(title)
     found = trials(recorder)
     extra = {data for trial in found.values() for chunks in streams(*trial).values()
              for (owner, _), data in chunks if owner == NOBODY}   # what each reply came with
-    y = heading(svg, [title, f"the upstream follows every reply with {' '.join(map(visible, sorted(extra)))} "
-                             "in the same write; A and B take turns through a pool of one connection"])
+    svg, y = titled("Scenario 9: an upstream that says one line nobody asked for",
+                    f"the upstream follows every reply with {' '.join(map(visible, sorted(extra)))} in the same write; "
+                    "A and B take turns through a pool of one connection")
     rules = {"TrustingPool": "TrustingPool: keeps the bytes past a reply for the next borrower",
              "FramedProxy": "FramedProxy: closes a connection with bytes past a reply"}
     for label, (lent, replies) in found.items():
@@ -267,10 +263,9 @@ def dirty_rows(steps):
 
 
 def draw_dirty_return(recorder):
-    title = "Part two, scenario 1: the dirty return, a timed-out call's late reply"
-    svg = Svg(title)
-    y = heading(svg, [title, "one client per rule, on the virtual clock; beside each step, the calls "
-                             "its connection owes after it, oldest first"])
+    svg, y = titled("Part two, scenario 1: the dirty return, a timed-out call's late reply",
+                    "one client per rule, on the virtual clock; beside each step, the calls its connection owes "
+                    "after it, oldest first")
     clients = {}   # each ManagedClient the scenario made -> the steps on_event told of
     for e in recorder.of(Step):
         clients.setdefault(e.client, []).append(e)
@@ -285,14 +280,12 @@ SECOND = 140   # pixels per second of virtual time
 
 
 def draw_failover(recorder):
-    title = "Part two, scenario 4: failover with a reliability cache, on the virtual clock"
-    svg = Svg(title)
     events = recorder.events
     managed_set = recorder.of(Attempt)[0].set   # its settings: no call changes them
     name = {addr: CLIENT_NAMES[index] for index, (addr, _) in enumerate(managed_set.services)}
-    y = heading(svg, [title, f"policy {managed_set.policy} over {' and '.join(name.values())}; reliability cache: "
-                             f"policy {managed_set.rcache.setting('policy')}, "
-                             f"threshold {managed_set.rcache.setting('threshold')}"])
+    svg, y = titled("Part two, scenario 4: failover with a reliability cache, on the virtual clock",
+                    f"policy {managed_set.policy} over {' and '.join(name.values())}; reliability cache: policy "
+                    f"{managed_set.rcache.setting('policy')}, threshold {managed_set.rcache.setting('threshold')}")
     windows = [e for e in events if isinstance(e, Disabled)]
     end = max([e.end for e in windows] + [e.t for e in events if isinstance(e, SetCall)])
     left, top = 170, y + 20   # where the axis's 0s is

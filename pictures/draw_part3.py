@@ -3,7 +3,7 @@ events part3_demo's own scenarios made (pictures/record.py), as borrows or as se
 """
 from part3 import resp, tagged
 from pictures.record import Counted, Got, RedisRead, Returned, TaggedSent, record_part3
-from pictures.svg import GREEN, INK, RED, RED_FILL, Svg, borrows, colours, cut, heading, sequence, visible
+from pictures.svg import GREEN, INK, RED, RED_FILL, borrows, colours, cut, sequence, titled, visible
 from scaffolding.kit import CLIENT_NAMES
 
 
@@ -34,11 +34,10 @@ def redis_rows(reads):
 
 
 def draw_redis_line_pool(runs):
-    title = "Part three, scenarios 2 and 4: a pool in front of a real redis-server, framed by line and by RESP"
-    svg = Svg(title)
-    y = heading(svg, [title, "Redis answers GET with a bulk string, b'$5\\r\\nhello\\r\\n': a header line, "
-                             "then the value on a second line",
-                      "each client borrows the pool's one upstream connection in turn"])
+    svg, y = titled("Part three, scenarios 2 and 4: a pool in front of a real redis-server, framed by line and by RESP",
+                    "Redis answers GET with a bulk string, b'$5\\r\\nhello\\r\\n': a header line, "
+                    "then the value on a second line",
+                    "each client borrows the pool's one upstream connection in turn")
     line_reads = [e for e in runs["line_pool"] if isinstance(e, RedisRead)]
     line_rows = redis_rows(line_reads)
     bottom = borrows(svg, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
@@ -93,8 +92,8 @@ def tagged_picture(lines, events, tone, more=""):
             told = f"WRONG: its call() returned {visible(outcome)}" if wrong else "its call() returned it"
             rows.append(("arrow", "TaggedUpstream", name, event.line + b"\n", name, wrong,
                          f"id {request_id} -> {name}: {told}"))
-    svg = Svg(lines[0])
-    top = heading(svg, lines) + 42
+    svg, top = titled(*lines)
+    top += 42
     names = sorted(call_of(e.line)[2] for e in events if isinstance(e, TaggedSent))
     lanes = {name: 100 + index * 130 for index, name in enumerate(names)}
     lanes.update(TaggedClient=lanes[names[-1]] + 150, TaggedUpstream=lanes[names[-1]] + 380)

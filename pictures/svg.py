@@ -70,15 +70,6 @@ class Svg:
         listed = " ".join(f"{number(x)},{number(y)}" for x, y in points)
         self.parts.append(f'<polygon points="{listed}" fill="{fill}"/>')
 
-    def arrow(self, x1, y1, x2, y2, stroke=INK, width=1.5, dash=None, head=8):
-        """A straight line from (x1, y1) with a head at (x2, y2)."""
-        length = max(((x2 - x1) ** 2 + (y2 - y1) ** 2) ** 0.5, 1)
-        ux, uy = (x2 - x1) / length, (y2 - y1) / length
-        base_x, base_y = x2 - ux * head, y2 - uy * head
-        self.line(x1, y1, base_x, base_y, stroke, width, dash)
-        self.polygon([(x2, y2), (base_x - uy * head / 2, base_y + ux * head / 2),
-                      (base_x + uy * head / 2, base_y - ux * head / 2)], stroke)
-
     def text(self, x, y, content, size=13, fill=INK, anchor="start", bold=False):
         """One line of monospace text; (x, y) is the baseline's start, middle or end."""
         width = text_width(content, size)
@@ -118,13 +109,15 @@ class Svg:
             ""])
 
 
-def heading(svg, lines, x=16, y=28):
-    """The picture's visible title and a line or two under it; returns the y below them."""
-    svg.text(x, y, lines[0], 16, INK, bold=True)
+def titled(*lines):
+    """A picture titled by its first line, shown bold with a line or two under it: (the Svg, the y below them)."""
+    svg = Svg(lines[0])
+    y = 28
+    svg.text(16, y, lines[0], 16, INK, bold=True)
     for line in lines[1:]:
         y += 20
-        svg.text(x, y, line, 12, MUTED)
-    return y + 22
+        svg.text(16, y, line, 12, MUTED)
+    return svg, y + 22
 
 
 def cut(chunks, start, end):
@@ -157,7 +150,10 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
         if kind == "arrow":
             target, data, owner, wrong, remark = drawn
             x1, x2 = lanes[lane], lanes[target]
-            svg.arrow(x1, y, x2, y, RED if wrong else colours(owner)[1], 2.5 if wrong else 1.5)
+            tone = RED if wrong else colours(owner)[1]
+            toward = 1 if x2 > x1 else -1   # right or left
+            svg.line(x1, y, x2 - 8 * toward, y, tone, 2.5 if wrong else 1.5)   # then a head 8 long, 8 wide
+            svg.polygon([(x2, y), (x2 - 8 * toward, y + 4 * toward), (x2 - 8 * toward, y - 4 * toward)], tone)
             label = visible(data)
             label_x = min(x1, x2) + 12
             svg.rect(label_x - 3, y - 20, text_width(label, 13) + 6, 17, "#ffffff")
