@@ -7,8 +7,8 @@ from pathlib import Path
 
 import demo
 from part2 import managed_demo
-from pictures.record import (Attempt, Borrow, Disabled, Forwarded, Received, Replied, Routed, Sent, Service,
-                             SetCall, Skipped, Step, Trial, record_managed, record_part_one)
+from pictures.record import (Attempt, Borrow, Checked, Disabled, Forwarded, Received, Replied, Routed, Sent, Service,
+                             SetCall, Step, Trial, record_managed, record_part_one)
 from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, borrows, colours, cut, sequence, titled, visible
 from scaffolding.kit import CLIENT_NAMES
 from tcp_proxy import answer
@@ -318,7 +318,7 @@ def draw_failover(recorder):
         if isinstance(e, SetCall):
             x, y = x_of(e.t), y + 30
             svg.text(x - 8, y + 16, f"t={e.t}s", 11, MUTED, "end")
-        elif isinstance(e, Skipped):
+        elif isinstance(e, Checked) and e.picking and not e.enabled:   # pick() passed it over
             x += svg.bytes_box(x, y, f"{name[e.service]} skipped: disabled".encode(), None, 11) + 4
         elif isinstance(e, Attempt):
             service = CLIENT_NAMES[e.index] if e.index is not None else "no service"   # pick() found none
