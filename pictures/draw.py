@@ -9,7 +9,7 @@ import demo
 from part2 import managed_demo
 from pictures.record import (Attempt, Borrow, Checked, Disabled, Forwarded, Received, Replied, Routed, Sent, Service,
                              SetCall, Step, Trial, record_managed, record_part_one)
-from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, borrows, colours, cut, sequence, titled, visible
+from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, borrows, colours, sequence, split, titled, visible
 from scaffolding.kit import CLIENT_NAMES
 from tcp_proxy import answer
 
@@ -31,24 +31,18 @@ def lines_sent(recorder, client):
 def request_owners(recorder):
     """Each request line the upstream parsed (what NaiveProxy forwarded, cut at each b"\\n") and whose bytes made it."""
     chunks = [(e.client, e.data) for e in recorder.of(Forwarded)]
-    found, start = [], 0
-    for line in b"".join(data for _, data in chunks).split(b"\n")[:-1]:
-        owners = dict.fromkeys(owner for owner, _ in cut(chunks, start, start + len(line) + 1))
-        found.append((line.decode(), list(owners)))
-        start += len(line) + 1
-    return found
+    lines = b"".join(data for _, data in chunks).split(b"\n")[:-1]
+    return [(line.decode(), list(dict.fromkeys(owner for owner, _ in pieces)))
+            for line, pieces in zip(lines, split(chunks, [len(line) + 1 for line in lines]))]
 
 
 def deliveries(recorder):
     """Each upstream reply, in order, with the (client, bytes) route() wrote of it: a chunk route() read
     may hold part of a reply or two (recv() cuts as it likes), so they are cut where the replies end."""
     chunks = [(e.targets, e.data) for e in recorder.of(Routed)]   # targets in name order, not route()'s racy one
-    found, start = [], 0
-    for data in (e.data for e in recorder.of(Replied)):
-        found.append((data, [(client, piece) for targets, piece in cut(chunks, start, start + len(data))
-                             for client in targets]))
-        start += len(data)
-    return found
+    replies = [e.data for e in recorder.of(Replied)]
+    return [(reply, [(client, piece) for targets, piece in pieces for client in targets])
+            for reply, pieces in zip(replies, split(chunks, map(len, replies)))]
 
 
 CELL = 30   # a byte's width in the strip
@@ -164,11 +158,11 @@ def pool_panel(svg, y, rule, note, lent, replies, shown):
     """A trial's first `shown` borrows through svg.borrows, a piece wrong if it answers another request
     or none: (the bottom, the requests whose answers nobody read a byte of)."""
     written = streams(lent, replies)
-    read_to = dict.fromkeys(written, 0)   # how far the borrowers have read each connection's stream
+    taken = {connection: iter(split(chunks, [len(b.reply) for b in lent if b.connection == connection]))
+             for connection, chunks in written.items()}   # each borrower reads on where the last one stopped
     strip, rows, answered = [], [], set()
     for b in lent[:shown]:
-        pieces = cut(written[b.connection], read_to[b.connection], read_to[b.connection] + len(b.reply))
-        read_to[b.connection] += len(b.reply)
+        pieces = next(taken[b.connection])
         answered.update(k for (_, k), _ in pieces)
         got = [(owner, piece, k != b.k) for (owner, k), piece in pieces]
         strip += [(owner, piece, wrong, b.client) for owner, piece, wrong in got]
@@ -345,18 +339,16 @@ PICTURES = {   # file name -> (run the scenario: (Recorder, what it printed), dr
 }
 
 
-def record_all(pictures=None):
+def record_all(pictures=PICTURES):
     """Run each picture's scenarios once, however many pictures share them: {file name: (Recorder, printed)}."""
-    runs = {}
-    for record, _ in (pictures or PICTURES).values():
-        runs[record] = runs.get(record) or record()
-    return {name: runs[record] for name, (record, _) in (pictures or PICTURES).items()}
+    runs = {record: record() for record in dict.fromkeys(record for record, _ in pictures.values())}
+    return {name: runs[record] for name, (record, _) in pictures.items()}
 
 
-def render_all(runs=None, pictures=None):
+def render_all(runs=None, pictures=PICTURES):
     """Draw every picture from `runs` (record_all() if not given): {file name: SVG text}."""
     runs = runs or record_all(pictures)
-    return {name: draw(runs[name][0]).render() for name, (_, draw) in (pictures or PICTURES).items()}
+    return {name: draw(runs[name][0]).render() for name, (_, draw) in pictures.items()}
 
 
 def save(svgs, check, remedy="make pictures"):

@@ -3,7 +3,7 @@ events part3_demo's own scenarios made (pictures/record.py), as borrows or as se
 """
 from part3 import resp, tagged
 from pictures.record import Counted, Got, RedisRead, Returned, TaggedSent, record_part3
-from pictures.svg import GREEN, INK, RED, RED_FILL, borrows, colours, cut, sequence, titled, visible
+from pictures.svg import GREEN, INK, RED, RED_FILL, borrows, colours, sequence, split, titled, visible
 from scaffolding.kit import CLIENT_NAMES
 
 
@@ -17,10 +17,8 @@ def redis_rows(reads):
         size = resp.reply_size(stream[end:])
         replies.append((reads[len(replies)].client, stream[end:end + size]))
         end += size
-    rows, start = [], 0
-    for read in reads:
-        took = cut(replies, start, start + len(read.reply))
-        start += len(read.reply)
+    rows = []
+    for read, took in zip(reads, split(replies, [len(read.reply) for read in reads])):
         others = sorted({owner for owner, _ in took} - {read.client})
         if others:
             verdict = f"WRONG: bytes of {', '.join(others)}'s reply"

@@ -11,6 +11,7 @@ import io
 import itertools
 import threading
 from collections import namedtuple
+from unittest import mock
 
 import demo
 from part2 import managed
@@ -89,11 +90,7 @@ class Recorder(contextlib.ExitStack):
             if after:
                 after(result, *args, **options)
             return result
-        if name in vars(owner):
-            self.callback(setattr, owner, name, vars(owner)[name])
-        else:   # inherited: deleting the tap uncovers the inherited one again
-            self.callback(delattr, owner, name)
-        setattr(owner, name, tapped)
+        self.enter_context(mock.patch.object(owner, name, tapped))   # put back, own or inherited, when the `with` ends
 
     def listen(self, source, hear):
         """Hear source's on_event too, after whatever the scenario gave it (once per source)."""

@@ -1,5 +1,6 @@
 """pictures.svg: a few shapes and monospace text, and the colours every picture shares.
 A reader of the lesson need not read this module."""
+import itertools
 from xml.sax.saxutils import escape
 
 FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
@@ -120,14 +121,16 @@ def titled(*lines):
     return svg, y + 22
 
 
-def cut(chunks, start, end):
-    """The bytes start..end of a stream laid end to end from (tag, bytes) chunks: [(tag, bytes)]."""
-    found, position = [], 0
-    for tag, data in chunks:
-        low, high = max(start, position), min(end, position + len(data))
-        if low < high:
-            found.append((tag, data[low - position:high - position]))
-        position += len(data)
+def split(chunks, lengths):
+    """The stream laid end to end from (tag, bytes) chunks, cut into consecutive pieces of the given lengths:
+    a [(tag, bytes)] per piece, a chunk's bytes in each piece they overlap."""
+    starts = [0, *itertools.accumulate(len(data) for _, data in chunks)]   # where each chunk begins
+    found, start = [], 0
+    for length in lengths:
+        end = start + length
+        found.append([(tag, data[max(start - at, 0):end - at]) for (tag, data), at in zip(chunks, starts)
+                      if at < end and at + len(data) > start])
+        start = end
     return found
 
 
