@@ -14,6 +14,8 @@ from scaffolding.kit import CLIENT_NAMES
 from tcp_proxy import answer
 
 PICTURES_DIR = Path(__file__).parent
+CELL = 30      # a byte's width in interleave.svg's strip
+SECOND = 140   # pixels per second of virtual time in failover-windows.svg
 
 
 def answer_to(request):
@@ -45,9 +47,6 @@ def deliveries(recorder):
             for reply, pieces in zip(replies, split(chunks, map(len, replies)))]
 
 
-CELL = 30   # a byte's width in the strip
-
-
 def draw_interleave(recorder):
     forwarded = [(e.client, value) for e in recorder.of(Forwarded) for value in e.data]
     svg, y = titled("Scenario 1: two clients' bytes interleave on one upstream socket",
@@ -75,8 +74,7 @@ def draw_interleave(recorder):
         svg.text(x1 + 2, y + 104, f"request {index + 1}: '{line}'", 13, tone, bold=True)
         svg.text(x1 + 2, y + 122, f"bytes of {' + '.join(senders)}" + ("" if sent else ": nobody sent it"), 12, tone)
         start += len(line) + 1
-    svg.legend(left, y + 156, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")), ("\\n", INK, INK),
-                               ("red: a request nobody sent", "#ffffff", RED)])
+    svg.legend(left, y + 156, [("\\n", INK, INK), ("red: a request nobody sent", "#ffffff", RED)], owners="AB")
     return svg
 
 
@@ -107,8 +105,7 @@ def draw_headline(recorder):
         rows.append(("note", e.client, f"{e.client} received {len(e.data)} bytes", e.client, wrong, ""))
     lanes = {"A": 90, "B": 300, "NaiveProxy": 570, "Upstream": 830}
     bottom = sequence(svg, y + 30, lanes, rows, lanes["Upstream"] + 70)
-    svg.legend(16, bottom + 30, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
-                                  ("red: written to a client that did not ask for it", RED_FILL, RED)])
+    svg.legend(16, bottom + 30, [("red: written to a client that did not ask for it", RED_FILL, RED)], owners="AB")
     return svg
 
 
@@ -189,8 +186,7 @@ def draw_release(recorder):
         y = pool_panel(svg, y + 10, rule, note, lent, replies, shown)[0] + 4
         svg.text(16, y, f"right: {right}/{total}", 13, GREEN if right == total else RED, bold=True)
         y += 40
-    svg.legend(16, y, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")), ("C's bytes", *colours("C")),
-                       ("red outline: bytes of another client's answer", "#ffffff", RED)])
+    svg.legend(16, y, [("red outline: bytes of another client's answer", "#ffffff", RED)], owners="ABC")
     return svg
 
 
@@ -211,9 +207,8 @@ def draw_dishonest(recorder):
         if unread:
             svg.text(16, y, f"queued behind them, never read: the answers to {', '.join(unread)}", 12, MUTED)
         y += 36
-    svg.legend(16, y, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
-                       ("red fill: the line nobody asked for", *colours(NOBODY)),
-                       ("red outline: not the answer to this request", "#ffffff", RED)])
+    svg.legend(16, y, [("red fill: the line nobody asked for", *colours(NOBODY)),
+                       ("red outline: not the answer to this request", "#ffffff", RED)], owners="AB")
     return svg
 
 
@@ -224,12 +219,10 @@ def short(request):
     return request.decode().split()[-1]
 
 
-def rule_of(client):
-    if client.msg_timeout_is_fatal:
-        return "msg_timeout_is_fatal=True: the timed-out call's connection is destroyed"
-    if client.late_replies == "forget":
-        return 'late_replies="forget" (the bug): the timed-out call leaves the queue'
-    return "the default: the timed-out call stays owed, its late reply is discarded"
+RULES = {   # (late_replies, msg_timeout_is_fatal) -> what the rule does, as dirty-return.svg names it
+    ("forget", False): 'late_replies="forget" (the bug): the timed-out call leaves the queue',
+    ("discard", False): "the default: the timed-out call stays owed, its late reply is discarded",
+    ("discard", True): "msg_timeout_is_fatal=True: the timed-out call's connection is destroyed"}
 
 
 def dirty_rows(steps):
@@ -264,13 +257,10 @@ def draw_dirty_return(recorder):
     for e in recorder.of(Step):
         clients.setdefault(e.client, []).append(e)
     for client, events in clients.items():
-        svg.text(16, y + 16, rule_of(client), 14, INK, bold=True)
+        svg.text(16, y + 16, RULES[client.late_replies, client.msg_timeout_is_fatal], 14, INK, bold=True)
         y = sequence(svg, y + 62, {"ManagedClient": 130, "upstream": 390}, dirty_rows(events), 460) + 10
     svg.legend(16, y + 16, [("red: a reply handed to the wrong call", RED_FILL, RED)])
     return svg
-
-
-SECOND = 140   # pixels per second of virtual time
 
 
 def draw_failover(recorder):

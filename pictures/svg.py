@@ -89,9 +89,9 @@ class Svg:
         self.text(x + 5, y + 12 + size * 0.35, visible(data), size, INK)
         return width
 
-    def legend(self, x, y, entries, size=12):
-        """A legend line: (label, fill, stroke) per entry, left to right."""
-        for label, fill, stroke in entries:
+    def legend(self, x, y, entries, owners="", owned="bytes", size=12):
+        """A legend line, left to right: "<owner>'s bytes" in each owner's colours, then (label, fill, stroke) each."""
+        for label, fill, stroke in [(f"{owner}'s {owned}", *colours(owner)) for owner in owners] + entries:
             self.rect(x, y - size + 1, size, size, fill, stroke, 1.5)
             self.text(x + size + 6, y, label, size, INK)
             x += size + 6 + text_width(label, size) + 22
