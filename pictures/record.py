@@ -1,11 +1,10 @@
 """pictures.record: what the pictures are drawn from, heard through declared seams.
 
-A reader of the lesson need not read this module. Each record_*() runs scenarios unchanged and
-returns a Recorder holding the events they made, each a small named type (below), heard through
-the event callbacks the lesson offers (on_event) and taps on public methods, each declared in one
-call, calling the method unchanged and undone when the `with` block ends. Nothing here waits,
-orders or holds anything: the order is the scenario's own, fixed by the hooks it waits on.
-"""
+A reader of the lesson need not read this module. Each record_*() runs scenarios unchanged and returns a
+Recorder holding the events they made, each a small named type (below), heard through the event callbacks
+the lesson offers (on_event) and taps on public methods, each declared in one call, calling the method
+unchanged and undone when the `with` block ends. Nothing here waits, orders or holds anything: the order is
+the scenario's own, fixed by the hooks it waits on."""
 import contextlib
 import io
 import itertools
@@ -50,8 +49,7 @@ Counted = namedtuple("Counted", "source counter key")   # a TaggedClient's or Ta
 
 
 class Recorder(contextlib.ExitStack):
-    """The events of one recording, in the order they happened, and the taps that hear
-    them (undone when the `with` block ends)."""
+    """The events of one recording, in the order they happened, and the taps that hear them."""
 
     def __init__(self):
         super().__init__()
@@ -59,7 +57,8 @@ class Recorder(contextlib.ExitStack):
         self.names = {}                  # a demo client's socket address -> its name ("A")
         self.thread = threading.local()  # per-thread notes, e.g. the client a handler serves
         self._lock = threading.Lock()
-        # every recording names the demo clients, and notes per FramedProxy handler thread its client and request
+        # every recording names the demo clients, and notes per FramedProxy handler thread its client (named
+        # by then: a client's __init__ is over before it sends) and request
         self.tap(kit.Client, "__init__", after=lambda _, client, name, *a, **o: self.names.__setitem__(
             client.sock.getsockname(), name))
         self.tap(FramedProxy, "handle", before=lambda proxy, conn: self.note(conn=conn))
@@ -186,9 +185,7 @@ def record_managed(scenario):
 
 
 def record_part3():
-    """part3_demo's scenarios that Part three's pictures draw: ({each one's name: the events it
-    made}, what they printed). A pool's handler thread notes each request and its client (named
-    by then: a client's __init__ is over before it sends)."""
+    """part3_demo's scenarios that Part three's pictures draw: ({each one's name: the events it made}, printed)."""
     def heard(client, what):
         kind, line = what
         if kind == "sent":   # on the calling thread: its call's Returned names the request by it

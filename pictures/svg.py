@@ -135,12 +135,12 @@ def split(chunks, lengths):
 
 
 def sequence(svg, top, lanes, rows, remarks_x, row=34):
-    """A sequence diagram from `top`: a named box and a dashed lifeline per lane ({name: x}),
-    then one row per event down the page; returns the lifelines' bottom.
+    """A sequence diagram from `top`: a named box and a dashed lifeline per lane ({name: x}), then one row
+    per event down the page; returns the lifelines' bottom.
 
-    A row is ("arrow", from lane, to lane, bytes, owner, wrong, remark): an arrow in its
-    owner's colour under the bytes it carries, or ("note", lane, label, owner, wrong,
-    remark): a box on the lane. Wrong rows are red; a remark is written at remarks_x."""
+    A row is ("arrow", from lane, to lane, bytes, owner, wrong, remark): an arrow in its owner's colour under
+    the bytes it carries, or ("note", lane, label, owner, wrong, remark): a box on the lane. Wrong rows are
+    red; a remark is written at remarks_x."""
     bottom = top + row * (len(rows) + 1)
     for lane, x in lanes.items():
         fill, stroke = colours(lane)
@@ -176,12 +176,11 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
 def borrows(svg, top, rule, note, strip, rows, left=16):
     """A pool's borrows as steps, from `top`; returns the bottom.
 
-    The rule and a note; then, if `strip` is (caption, pieces), one connection's stream
-    as written, each piece (owner, bytes, wrong, taker) above the borrower that took it
-    (taker None: unread); then a row per borrow (client, request, got, verdict, tone,
-    after): what it sent, the pieces (owner, bytes, wrong) it got, its verdict and what
-    became of the connection. Bytes are in the colour of the client whose request they
-    answer, outlined red where they answer another request, or none."""
+    The rule and a note; then, if `strip` is (caption, pieces), one connection's stream as written, each
+    piece (owner, bytes, wrong, taker) above the borrower that took it; then a row per borrow (client,
+    request, got, verdict, tone, after): what it sent, the pieces (owner, bytes, wrong) it got, its verdict
+    and what became of the connection. Bytes are in the colour of the client whose request they answer,
+    outlined red where they answer another request, or none."""
     svg.text(left, top, rule, 14, INK, bold=True)
     svg.text(left, top + 18, note, 12, MUTED)
     y = top + 46
@@ -192,9 +191,8 @@ def borrows(svg, top, rule, note, strip, rows, left=16):
         x = left
         for owner, data, wrong, taker in pieces:
             width = svg.bytes_box(x, y, data, owner, 13, wrong=wrong)
-            tone = MUTED if taker is None else RED if wrong else colours(taker)[1]
-            svg.text(x + width / 2, y + 42, "unread" if taker is None else f"to {taker}", 12, tone,
-                     anchor="middle", bold=wrong)
+            tone = RED if wrong else colours(taker)[1]
+            svg.text(x + width / 2, y + 42, f"to {taker}", 12, tone, anchor="middle", bold=wrong)
             svg.line(x + width / 2, y + 26, x + width / 2, y + 30, tone, 1.5)
             x += width + 4
         y += 76
