@@ -57,6 +57,8 @@ class Recorder(contextlib.ExitStack):
         self.names = {}                  # a demo client's socket address -> its name ("A")
         self.thread = threading.local()  # per-thread notes, e.g. the client a handler serves
         self._lock = threading.Lock()
+
+    def __enter__(self):
         # every recording names the demo clients, and notes per FramedProxy handler thread its client (named
         # by then: a client's __init__ is over before it sends) and request
         self.tap(kit.Client, "__init__", after=lambda _, client, name, *a, **o: self.names.__setitem__(
@@ -64,6 +66,7 @@ class Recorder(contextlib.ExitStack):
         self.tap(FramedProxy, "handle", before=lambda proxy, conn: self.note(conn=conn))
         self.tap(FramedProxy, "exchange", before=lambda proxy, request: self.note(
             client=self.peer(self.thread.conn), request=request))
+        return super().__enter__()
 
     def log(self, happened):
         with self._lock:
