@@ -253,12 +253,10 @@ def draw_dirty_return(recorder):
     svg, y = titled("Part two, scenario 1: the dirty return, a timed-out call's late reply",
                     "one client per rule, on the virtual clock; beside each step, the calls its connection owes "
                     "after it, oldest first")
-    clients = {}   # each ManagedClient the scenario made -> the steps on_event told of
-    for e in recorder.of(Step):
-        clients.setdefault(e.client, []).append(e)
-    for client, events in clients.items():
+    for client in dict.fromkeys(e.client for e in recorder.of(Step)):   # each ManagedClient, as it first spoke
+        steps = [e for e in recorder.of(Step) if e.client == client]   # what its on_event told of
         svg.text(16, y + 16, RULES[client.late_replies, client.msg_timeout_is_fatal], 14, INK, bold=True)
-        y = sequence(svg, y + 62, {"ManagedClient": 130, "upstream": 390}, dirty_rows(events), 460) + 10
+        y = sequence(svg, y + 62, {"ManagedClient": 130, "upstream": 390}, dirty_rows(steps), 460) + 10
     svg.legend(16, y + 16, [("red: a reply handed to the wrong call", RED_FILL, RED)])
     return svg
 

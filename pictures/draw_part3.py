@@ -43,8 +43,7 @@ def draw_redis_line_pool(runs):
     svg.text(16, bottom + 4, f"the line framing stopped after {visible(line_reads[0].reply)}; the rest, "
              f"{visible(line_reads[0].rest)}, went to the next borrower as its reply", 13, RED, bold=True)
     resp_reads = [e for e in runs["resp_pool"] if isinstance(e, RedisRead)]
-    first = [read for read in resp_reads if read.connection == resp_reads[0].connection]
-    resp_rows = redis_rows(first)
+    resp_rows = redis_rows([read for read in resp_reads if read.connection == resp_reads[0].connection])
     bottom = borrows(svg, bottom + 50, "FramedProxy, framing=RESP: the reply ends where its type byte and length say",
                      "client A's four requests one after another through the pool's one connection", None,
                      resp_rows[:4])
