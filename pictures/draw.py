@@ -219,7 +219,7 @@ def short(request):
     return request.decode().split()[-1]
 
 
-RULES = {   # (late_replies, msg_timeout_is_fatal) -> what the rule does, as dirty-return.svg names it
+LATE_REPLY_RULES = {   # (late_replies, msg_timeout_is_fatal) -> what the rule does, as dirty-return.svg names it
     ("forget", False): 'late_replies="forget" (the bug): the timed-out call leaves the queue',
     ("discard", False): "the default: the timed-out call stays owed, its late reply is discarded",
     ("discard", True): "msg_timeout_is_fatal=True: the timed-out call's connection is destroyed"}
@@ -255,7 +255,7 @@ def draw_dirty_return(recorder):
                     "after it, oldest first")
     for client in dict.fromkeys(e.client for e in recorder.of(Step)):   # each ManagedClient, as it first spoke
         steps = [e for e in recorder.of(Step) if e.client == client]   # what its on_event told of
-        svg.text(16, y + 16, RULES[client.late_replies, client.msg_timeout_is_fatal], 14, INK, bold=True)
+        svg.text(16, y + 16, LATE_REPLY_RULES[client.late_replies, client.msg_timeout_is_fatal], 14, INK, bold=True)
         y = sequence(svg, y + 62, {"ManagedClient": 130, "upstream": 390}, dirty_rows(steps), 460) + 10
     svg.legend(16, y + 16, [("red: a reply handed to the wrong call", RED_FILL, RED)])
     return svg

@@ -1,6 +1,5 @@
 """pictures.draw_part3: Part three's pictures (PICTURES, at the end), each drawn from the
-events part3_demo's own scenarios made (pictures/record.py), as borrows or as sequences.
-"""
+events part3_demo's own scenarios made (pictures/record.py), as borrows or as sequences."""
 from part3 import resp, tagged
 from pictures.record import Counted, Got, RedisRead, Returned, TaggedSent, record_part3
 from pictures.svg import GREEN, INK, RED, RED_FILL, borrows, sequence, split, titled, visible

@@ -115,7 +115,6 @@ class Recorder(contextlib.ExitStack):
 
 
 def run_quietly(scenario):
-    """What a demo scenario printed, run."""
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         scenario()
