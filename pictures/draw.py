@@ -178,9 +178,8 @@ def draw_release(recorder):
     shown = 3   # borrows drawn per trial; the note says how many it made
     for release in ("framed", "timeout"):
         lent, replies = trials(recorder)[release, True]
-        rule = 'release="framed": the connection goes back after the reply\'s \\n'
-        if lent[0].silence:
-            rule = f'release="timeout": it goes back after {lent[0].silence}s of silence'
+        rule = (f'release="timeout": it goes back after {lent[0].silence}s of silence' if lent[0].silence
+                else 'release="framed": the connection goes back after the reply\'s \\n')
         right, *_, total = tally(lent)
         note = f"the first {shown} of its {total} borrows; the upstream pauses after each reply's first part"
         y = pool_panel(svg, y + 10, rule, note, lent, replies, shown)[0] + 4
