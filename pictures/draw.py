@@ -7,13 +7,15 @@ from pathlib import Path
 
 import demo
 from part2 import managed_demo
-from pictures.record import (Attempt, Borrow, Disabled, Forwarded, Received, Replied, Routed, Sent, Service,
-                             SetCall, Skipped, Step, Trial, record_managed, record_part_one)
-from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, Svg, borrows, colours, cut, heading, sequence, visible
+from pictures.record import (Attempt, Borrow, Checked, Disabled, Forwarded, Received, Replied, Routed, Sent, Service,
+                             SetCall, Step, Trial, record_managed, record_part_one)
+from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, borrows, colours, sequence, split, titled, visible
 from scaffolding.kit import CLIENT_NAMES
 from tcp_proxy import answer
 
 PICTURES_DIR = Path(__file__).parent
+CELL = 30      # a byte's width in interleave.svg's strip
+SECOND = 140   # pixels per second of virtual time in failover-windows.svg
 
 
 def answer_to(request):
@@ -31,35 +33,25 @@ def lines_sent(recorder, client):
 def request_owners(recorder):
     """Each request line the upstream parsed (what NaiveProxy forwarded, cut at each b"\\n") and whose bytes made it."""
     chunks = [(e.client, e.data) for e in recorder.of(Forwarded)]
-    found, start = [], 0
-    for line in b"".join(data for _, data in chunks).split(b"\n")[:-1]:
-        owners = dict.fromkeys(owner for owner, _ in cut(chunks, start, start + len(line) + 1))
-        found.append((line.decode(), list(owners)))
-        start += len(line) + 1
-    return found
+    lines = b"".join(data for _, data in chunks).split(b"\n")[:-1]
+    return [(line.decode(), list(dict.fromkeys(owner for owner, _ in pieces)))
+            for line, pieces in zip(lines, split(chunks, [len(line) + 1 for line in lines]))]
 
 
 def deliveries(recorder):
     """Each upstream reply, in order, with the (client, bytes) route() wrote of it: a chunk route() read
     may hold part of a reply or two (recv() cuts as it likes), so they are cut where the replies end."""
     chunks = [(e.targets, e.data) for e in recorder.of(Routed)]   # targets in name order, not route()'s racy one
-    found, start = [], 0
-    for data in (e.data for e in recorder.of(Replied)):
-        found.append((data, [(client, piece) for targets, piece in cut(chunks, start, start + len(data))
-                             for client in targets]))
-        start += len(data)
-    return found
-
-
-CELL = 30   # a byte's width in the strip
+    replies = [e.data for e in recorder.of(Replied)]
+    return [(reply, [(client, piece) for targets, piece in pieces for client in targets])
+            for reply, pieces in zip(replies, split(chunks, map(len, replies)))]
 
 
 def draw_interleave(recorder):
-    title = "Scenario 1: two clients' bytes interleave on one upstream socket"
-    svg = Svg(title)
     forwarded = [(e.client, value) for e in recorder.of(Forwarded) for value in e.data]
-    y = heading(svg, [title, f"the {len(forwarded)} bytes NaiveProxy forwarded, in the order they reached the "
-                             "upstream, each in its sender's colour"])
+    svg, y = titled("Scenario 1: two clients' bytes interleave on one upstream socket",
+                    f"the {len(forwarded)} bytes NaiveProxy forwarded, in the order they reached the upstream, "
+                    "each in its sender's colour")
     left = 24
     for position, (owner, value) in enumerate(forwarded):   # a cell per byte, each b"\n" dark
         fill, stroke = colours(owner)
@@ -82,16 +74,14 @@ def draw_interleave(recorder):
         svg.text(x1 + 2, y + 104, f"request {index + 1}: '{line}'", 13, tone, bold=True)
         svg.text(x1 + 2, y + 122, f"bytes of {' + '.join(senders)}" + ("" if sent else ": nobody sent it"), 12, tone)
         start += len(line) + 1
-    svg.legend(left, y + 156, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")), ("\\n", INK, INK),
-                               ("red: a request nobody sent", "#ffffff", RED)])
+    svg.legend(left, y + 156, [("\\n", INK, INK), ("red: a request nobody sent", "#ffffff", RED)], owners="AB")
     return svg
 
 
 def draw_headline(recorder):
-    title = "Scenario 2: whole requests, one after the other: B gets A's answer"
-    svg = Svg(title)
-    y = heading(svg, [title, "NaiveProxy shares one upstream socket and routes every reply to `last`, "
-                             "the client that wrote most recently"])
+    svg, y = titled("Scenario 2: whole requests, one after the other: B gets A's answer",
+                    "NaiveProxy shares one upstream socket and routes every reply to `last`, "
+                    "the client that wrote most recently")
     rows = []   # svg.sequence's, top to bottom: what went up, in the order it did, then the replies
     for e in recorder.events:
         if isinstance(e, Sent):
@@ -115,8 +105,7 @@ def draw_headline(recorder):
         rows.append(("note", e.client, f"{e.client} received {len(e.data)} bytes", e.client, wrong, ""))
     lanes = {"A": 90, "B": 300, "NaiveProxy": 570, "Upstream": 830}
     bottom = sequence(svg, y + 30, lanes, rows, lanes["Upstream"] + 70)
-    svg.legend(16, bottom + 30, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
-                                  ("red: written to a client that did not ask for it", RED_FILL, RED)])
+    svg.legend(16, bottom + 30, [("red: written to a client that did not ask for it", RED_FILL, RED)], owners="AB")
     return svg
 
 
@@ -166,11 +155,11 @@ def pool_panel(svg, y, rule, note, lent, replies, shown):
     """A trial's first `shown` borrows through svg.borrows, a piece wrong if it answers another request
     or none: (the bottom, the requests whose answers nobody read a byte of)."""
     written = streams(lent, replies)
-    read_to = dict.fromkeys(written, 0)   # how far the borrowers have read each connection's stream
+    taken = {connection: iter(split(chunks, [len(b.reply) for b in lent if b.connection == connection]))
+             for connection, chunks in written.items()}   # each borrower reads on where the last one stopped
     strip, rows, answered = [], [], set()
     for b in lent[:shown]:
-        pieces = cut(written[b.connection], read_to[b.connection], read_to[b.connection] + len(b.reply))
-        read_to[b.connection] += len(b.reply)
+        pieces = next(taken[b.connection])
         answered.update(k for (_, k), _ in pieces)
         got = [(owner, piece, k != b.k) for (owner, k), piece in pieces]
         strip += [(owner, piece, wrong, b.client) for owner, piece, wrong in got]
@@ -183,34 +172,30 @@ def pool_panel(svg, y, rule, note, lent, replies, shown):
 
 
 def draw_release(recorder):
-    title = "Scenario 6: a reply written in two parts with a pause between, pool cap 1"
-    svg = Svg(title)
-    y = heading(svg, [title, "two trials of its paused-reply row: the framed rule above, the timeout rule below",
-                      "the clients send in name order, each once the one before has the connection"])
+    svg, y = titled("Scenario 6: a reply written in two parts with a pause between, pool cap 1",
+                    "two trials of its paused-reply row: the framed rule above, the timeout rule below",
+                    "the clients send in name order, each once the one before has the connection")
     shown = 3   # borrows drawn per trial; the note says how many it made
     for release in ("framed", "timeout"):
         lent, replies = trials(recorder)[release, True]
-        rule = 'release="framed": the connection goes back after the reply\'s \\n'
-        if lent[0].silence:
-            rule = f'release="timeout": it goes back after {lent[0].silence}s of silence'
+        rule = (f'release="timeout": it goes back after {lent[0].silence}s of silence' if lent[0].silence
+                else 'release="framed": the connection goes back after the reply\'s \\n')
         right, *_, total = tally(lent)
         note = f"the first {shown} of its {total} borrows; the upstream pauses after each reply's first part"
         y = pool_panel(svg, y + 10, rule, note, lent, replies, shown)[0] + 4
         svg.text(16, y, f"right: {right}/{total}", 13, GREEN if right == total else RED, bold=True)
         y += 40
-    svg.legend(16, y, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")), ("C's bytes", *colours("C")),
-                       ("red outline: bytes of another client's answer", "#ffffff", RED)])
+    svg.legend(16, y, [("red outline: bytes of another client's answer", "#ffffff", RED)], owners="ABC")
     return svg
 
 
 def draw_dishonest(recorder):
-    title = "Scenario 9: an upstream that says one line nobody asked for"
-    svg = Svg(title)
     found = trials(recorder)
     extra = {data for trial in found.values() for chunks in streams(*trial).values()
              for (owner, _), data in chunks if owner == NOBODY}   # what each reply came with
-    y = heading(svg, [title, f"the upstream follows every reply with {' '.join(map(visible, sorted(extra)))} "
-                             "in the same write; A and B take turns through a pool of one connection"])
+    svg, y = titled("Scenario 9: an upstream that says one line nobody asked for",
+                    f"the upstream follows every reply with {' '.join(map(visible, sorted(extra)))} in the same write; "
+                    "A and B take turns through a pool of one connection")
     rules = {"TrustingPool": "TrustingPool: keeps the bytes past a reply for the next borrower",
              "FramedProxy": "FramedProxy: closes a connection with bytes past a reply"}
     for label, (lent, replies) in found.items():
@@ -221,9 +206,8 @@ def draw_dishonest(recorder):
         if unread:
             svg.text(16, y, f"queued behind them, never read: the answers to {', '.join(unread)}", 12, MUTED)
         y += 36
-    svg.legend(16, y, [("A's bytes", *colours("A")), ("B's bytes", *colours("B")),
-                       ("red fill: the line nobody asked for", *colours(NOBODY)),
-                       ("red outline: not the answer to this request", "#ffffff", RED)])
+    svg.legend(16, y, [("red fill: the line nobody asked for", *colours(NOBODY)),
+                       ("red outline: not the answer to this request", "#ffffff", RED)], owners="AB")
     return svg
 
 
@@ -234,12 +218,10 @@ def short(request):
     return request.decode().split()[-1]
 
 
-def rule_of(client):
-    if client.msg_timeout_is_fatal:
-        return "msg_timeout_is_fatal=True: the timed-out call's connection is destroyed"
-    if client.late_replies == "forget":
-        return 'late_replies="forget" (the bug): the timed-out call leaves the queue'
-    return "the default: the timed-out call stays owed, its late reply is discarded"
+LATE_REPLY_RULES = {   # (late_replies, msg_timeout_is_fatal) -> what the rule does, as dirty-return.svg names it
+    ("forget", False): 'late_replies="forget" (the bug): the timed-out call leaves the queue',
+    ("discard", False): "the default: the timed-out call stays owed, its late reply is discarded",
+    ("discard", True): "msg_timeout_is_fatal=True: the timed-out call's connection is destroyed"}
 
 
 def dirty_rows(steps):
@@ -267,32 +249,24 @@ def dirty_rows(steps):
 
 
 def draw_dirty_return(recorder):
-    title = "Part two, scenario 1: the dirty return, a timed-out call's late reply"
-    svg = Svg(title)
-    y = heading(svg, [title, "one client per rule, on the virtual clock; beside each step, the calls "
-                             "its connection owes after it, oldest first"])
-    clients = {}   # each ManagedClient the scenario made -> the steps on_event told of
-    for e in recorder.of(Step):
-        clients.setdefault(e.client, []).append(e)
-    for client, events in clients.items():
-        svg.text(16, y + 16, rule_of(client), 14, INK, bold=True)
-        y = sequence(svg, y + 62, {"ManagedClient": 130, "upstream": 390}, dirty_rows(events), 460) + 10
+    svg, y = titled("Part two, scenario 1: the dirty return, a timed-out call's late reply",
+                    "one client per rule, on the virtual clock; beside each step, the calls its connection owes "
+                    "after it, oldest first")
+    for client in dict.fromkeys(e.client for e in recorder.of(Step)):   # each ManagedClient, as it first spoke
+        steps = [e for e in recorder.of(Step) if e.client == client]   # what its on_event told of
+        svg.text(16, y + 16, LATE_REPLY_RULES[client.late_replies, client.msg_timeout_is_fatal], 14, INK, bold=True)
+        y = sequence(svg, y + 62, {"ManagedClient": 130, "upstream": 390}, dirty_rows(steps), 460) + 10
     svg.legend(16, y + 16, [("red: a reply handed to the wrong call", RED_FILL, RED)])
     return svg
 
 
-SECOND = 140   # pixels per second of virtual time
-
-
 def draw_failover(recorder):
-    title = "Part two, scenario 4: failover with a reliability cache, on the virtual clock"
-    svg = Svg(title)
     events = recorder.events
     managed_set = recorder.of(Attempt)[0].set   # its settings: no call changes them
     name = {addr: CLIENT_NAMES[index] for index, (addr, _) in enumerate(managed_set.services)}
-    y = heading(svg, [title, f"policy {managed_set.policy} over {' and '.join(name.values())}; reliability cache: "
-                             f"policy {managed_set.rcache.setting('policy')}, "
-                             f"threshold {managed_set.rcache.setting('threshold')}"])
+    svg, y = titled("Part two, scenario 4: failover with a reliability cache, on the virtual clock",
+                    f"policy {managed_set.policy} over {' and '.join(name.values())}; reliability cache: policy "
+                    f"{managed_set.rcache.setting('policy')}, threshold {managed_set.rcache.setting('threshold')}")
     windows = [e for e in events if isinstance(e, Disabled)]
     end = max([e.end for e in windows] + [e.t for e in events if isinstance(e, SetCall)])
     left, top = 170, y + 20   # where the axis's 0s is
@@ -325,7 +299,7 @@ def draw_failover(recorder):
         if isinstance(e, SetCall):
             x, y = x_of(e.t), y + 30
             svg.text(x - 8, y + 16, f"t={e.t}s", 11, MUTED, "end")
-        elif isinstance(e, Skipped):
+        elif isinstance(e, Checked) and e.picking and not e.enabled:   # pick() passed it over
             x += svg.bytes_box(x, y, f"{name[e.service]} skipped: disabled".encode(), None, 11) + 4
         elif isinstance(e, Attempt):
             service = CLIENT_NAMES[e.index] if e.index is not None else "no service"   # pick() found none
@@ -352,18 +326,16 @@ PICTURES = {   # file name -> (run the scenario: (Recorder, what it printed), dr
 }
 
 
-def record_all(pictures=None):
+def record_all(pictures=PICTURES):
     """Run each picture's scenarios once, however many pictures share them: {file name: (Recorder, printed)}."""
-    runs = {}
-    for record, _ in (pictures or PICTURES).values():
-        runs[record] = runs.get(record) or record()
-    return {name: runs[record] for name, (record, _) in (pictures or PICTURES).items()}
+    runs = {record: record() for record in dict.fromkeys(record for record, _ in pictures.values())}
+    return {name: runs[record] for name, (record, _) in pictures.items()}
 
 
-def render_all(runs=None, pictures=None):
+def render_all(runs=None, pictures=PICTURES):
     """Draw every picture from `runs` (record_all() if not given): {file name: SVG text}."""
     runs = runs or record_all(pictures)
-    return {name: draw(runs[name][0]).render() for name, (_, draw) in (pictures or PICTURES).items()}
+    return {name: draw(runs[name][0]).render() for name, (_, draw) in pictures.items()}
 
 
 def save(svgs, check, remedy="make pictures"):

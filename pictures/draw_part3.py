@@ -1,26 +1,23 @@
 """pictures.draw_part3: Part three's pictures (PICTURES, at the end), each drawn from the
-events part3_demo's own scenarios made (pictures/record.py), as borrows or as sequences.
-"""
+events part3_demo's own scenarios made (pictures/record.py), as borrows or as sequences."""
 from part3 import resp, tagged
 from pictures.record import Counted, Got, RedisRead, Returned, TaggedSent, record_part3
-from pictures.svg import GREEN, INK, RED, RED_FILL, Svg, borrows, colours, cut, heading, sequence, visible
+from pictures.svg import GREEN, INK, RED, RED_FILL, borrows, sequence, split, titled, visible
 from scaffolding.kit import CLIENT_NAMES
 
 
 def redis_rows(reads):
-    """svg.borrows' rows for one connection's reads, each read's bytes in the colour of the
-    borrower whose reply they are: what the pool read (each reply, then the last read's rest)
-    is cut into Redis's replies, the n-th the n-th borrower's, as Redis answers in order."""
+    """svg.borrows' rows for one connection's reads, each read's bytes in the colour of the borrower whose reply
+    they are: what the pool read (each reply, then the last read's rest) is cut into Redis's replies, the n-th
+    the n-th borrower's, as Redis answers in order."""
     stream = b"".join(read.reply for read in reads) + reads[-1].rest
     replies, end = [], 0
     while end < len(stream) - len(reads[-1].rest):   # past the last reply a read touched: the scheduler's
         size = resp.reply_size(stream[end:])
         replies.append((reads[len(replies)].client, stream[end:end + size]))
         end += size
-    rows, start = [], 0
-    for read in reads:
-        took = cut(replies, start, start + len(read.reply))
-        start += len(read.reply)
+    rows = []
+    for read, took in zip(reads, split(replies, [len(read.reply) for read in reads])):
         others = sorted({owner for owner, _ in took} - {read.client})
         if others:
             verdict = f"WRONG: bytes of {', '.join(others)}'s reply"
@@ -34,11 +31,10 @@ def redis_rows(reads):
 
 
 def draw_redis_line_pool(runs):
-    title = "Part three, scenarios 2 and 4: a pool in front of a real redis-server, framed by line and by RESP"
-    svg = Svg(title)
-    y = heading(svg, [title, "Redis answers GET with a bulk string, b'$5\\r\\nhello\\r\\n': a header line, "
-                             "then the value on a second line",
-                      "each client borrows the pool's one upstream connection in turn"])
+    svg, y = titled("Part three, scenarios 2 and 4: a pool in front of a real redis-server, framed by line and by RESP",
+                    "Redis answers GET with a bulk string, b'$5\\r\\nhello\\r\\n': a header line, "
+                    "then the value on a second line",
+                    "each client borrows the pool's one upstream connection in turn")
     line_reads = [e for e in runs["line_pool"] if isinstance(e, RedisRead)]
     line_rows = redis_rows(line_reads)
     bottom = borrows(svg, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
@@ -46,8 +42,7 @@ def draw_redis_line_pool(runs):
     svg.text(16, bottom + 4, f"the line framing stopped after {visible(line_reads[0].reply)}; the rest, "
              f"{visible(line_reads[0].rest)}, went to the next borrower as its reply", 13, RED, bold=True)
     resp_reads = [e for e in runs["resp_pool"] if isinstance(e, RedisRead)]
-    first = [read for read in resp_reads if read.connection == resp_reads[0].connection]
-    resp_rows = redis_rows(first)
+    resp_rows = redis_rows([read for read in resp_reads if read.connection == resp_reads[0].connection])
     bottom = borrows(svg, bottom + 50, "FramedProxy, framing=RESP: the reply ends where its type byte and length say",
                      "client A's four requests one after another through the pool's one connection", None,
                      resp_rows[:4])
@@ -58,24 +53,21 @@ def draw_redis_line_pool(runs):
              f"reply {right}/{len(crowd)}, over {connections} upstream connection", 13,
              GREEN if right == len(crowd) else RED, bold=True)
     drawn = sorted({owner for _, _, got, *_ in line_rows + resp_rows[:4] for owner, _, _ in got})   # only colours drawn
-    svg.legend(16, bottom + 36, [(f"{owner}'s reply", *colours(owner)) for owner in drawn]
-               + [("red outline: bytes of another client's reply", RED_FILL, RED)])
+    svg.legend(16, bottom + 36, [("red outline: bytes of another client's reply", RED_FILL, RED)], drawn, "reply")
     return svg
 
 
 def call_of(line):
-    """(id, the rest, whose call) of a line sent, taken or returned: id 1 is A's, 2 B's ...
-    (in these scenarios each call has a thread of its own)."""
+    """(id, the rest, whose call) of a line sent, taken or returned: id 1 is A's, 2 B's (a thread per call)."""
     request_id, rest = tagged.parse_tagged(line.rstrip(b"\n"))
     return request_id, rest, CLIENT_NAMES[request_id - 1]
 
 
 def tagged_picture(lines, events, tone, more=""):
-    """`lines` (the title first), then one TaggedClient's scenario as a sequence, a lane per call:
-    each request sent, call given up and reply taken, as logged; a reply goes to the call its id
-    names, checked against what that call returned, or if it gave up, no further than the client.
-    Then the ids in the order they went out and came back, and `more`. Returns (the picture, its
-    last line's baseline)."""
+    """`lines` (the title first), then one TaggedClient's scenario as a sequence, a lane per call: each request
+    sent, call given up and reply taken, as logged; a reply goes to the call its id names, checked against what
+    that call returned, or if it gave up, no further than the client. Then the ids in the order they went out
+    and came back, and `more`. Returns (the picture, its last line's baseline)."""
     returned = {call_of(e.line)[0]: e.outcome for e in events if isinstance(e, Returned)}
     rows = []
     for event in (e for e in events if isinstance(e, (TaggedSent, Returned, Got))):
@@ -93,28 +85,25 @@ def tagged_picture(lines, events, tone, more=""):
             told = f"WRONG: its call() returned {visible(outcome)}" if wrong else "its call() returned it"
             rows.append(("arrow", "TaggedUpstream", name, event.line + b"\n", name, wrong,
                          f"id {request_id} -> {name}: {told}"))
-    svg = Svg(lines[0])
-    top = heading(svg, lines) + 42
+    svg, top = titled(*lines)
     names = sorted(call_of(e.line)[2] for e in events if isinstance(e, TaggedSent))
     lanes = {name: 100 + index * 130 for index, name in enumerate(names)}
     lanes.update(TaggedClient=lanes[names[-1]] + 150, TaggedUpstream=lanes[names[-1]] + 380)
-    bottom = sequence(svg, top, lanes, rows, lanes["TaggedUpstream"] + 70) + 28
+    bottom = sequence(svg, top + 42, lanes, rows, lanes["TaggedUpstream"] + 70) + 28
     svg.text(16, bottom, f"ids went out {ids(events)}; replies came back {ids(events, Got)}{more}", 13, tone, bold=True)
     return svg, bottom
 
 
 def ids(events, kind=TaggedSent):
-    """The ids of the requests sent (TaggedSent), the replies taken (Got) or the calls
-    returned (Returned), as logged, listed for a summary."""
+    """The ids of the requests sent (TaggedSent), the replies taken (Got) or the calls returned, as logged."""
     return ", ".join(str(call_of(e.line)[0]) for e in events if isinstance(e, kind))
 
 
 def draw_tagged_out_of_order(runs):
-    events = runs["out_of_order"]
     return tagged_picture(["Part three, scenario 5: request ids, three calls over one connection",
                            "each request goes out as <id> <line>; the upstream answers in its own order, "
-                           "and the client's reader gives each reply to the call that owns its id"], events,
-                          RED, ": not the order asked")[0]
+                           "and the client's reader gives each reply to the call that owns its id"],
+                          runs["out_of_order"], RED, ": not the order asked")[0]
 
 
 def draw_head_of_line(runs):

@@ -8,7 +8,7 @@ import sys
 
 from part3 import wild
 from pictures.draw import save
-from pictures.svg import FAINT, GREEN, RED, RED_FILL, Svg, heading, sequence
+from pictures.svg import FAINT, GREEN, RED, RED_FILL, sequence, titled
 
 NAME = "part3-wild.svg"
 SHOWN = ("4.5.1", "4.5.5")   # the affected version beside the fixed one
@@ -46,10 +46,9 @@ def rows_of(scenario):
 
 
 def draw(records):
-    title = "The bug in the wild: redis-py's cancelled read, through a relay that holds each reply"
-    svg = Svg(title)
-    top = heading(svg, [title, "asyncio, a pool of one connection; A is cancelled while the relay "
-                               "holds its reply, then B, C, D each get one reply let through"])
+    svg, top = titled("The bug in the wild: redis-py's cancelled read, through a relay that holds each reply",
+                      "asyncio, a pool of one connection; A is cancelled while the relay holds its reply, "
+                      "then B, C, D each get one reply let through")
     bottoms = []
     for left, version in zip((16, 636), SHOWN):
         scenario = records[version]["cancelled"]

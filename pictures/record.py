@@ -1,16 +1,16 @@
 """pictures.record: what the pictures are drawn from, heard through declared seams.
 
-A reader of the lesson need not read this module. Each record_*() runs scenarios unchanged and
-returns a Recorder holding the events they made, each a small named type (below), heard through
-the event callbacks the lesson offers (on_event) and taps on public methods, each declared in one
-call, calling the method unchanged and undone when the `with` block ends. Nothing here waits,
-orders or holds anything: the order is the scenario's own, fixed by the hooks it waits on.
-"""
+A reader of the lesson need not read this module. Each record_*() runs scenarios unchanged and returns a
+Recorder holding the events they made, each a small named type (below), heard through the event callbacks
+the lesson offers (on_event) and taps on public methods, each declared in one call, calling the method
+unchanged and undone when the `with` block ends. Nothing here waits, orders or holds anything: the order is
+the scenario's own, fixed by the hooks it waits on."""
 import contextlib
 import io
 import itertools
 import threading
 from collections import namedtuple
+from unittest import mock
 
 import demo
 from part2 import managed
@@ -19,45 +19,37 @@ from scaffolding import faults, kit
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
 
 
-def event(name, fields, doc, defaults=()):
-    kind = namedtuple(name, fields, defaults=defaults)
-    kind.__doc__ = doc
-    return kind
-
-
 # Part one (record_part_one): the blind relay, and a pool's borrows in each trial
-Sent = event("Sent", "client data", "a demo client's send()")
-Forwarded = event("Forwarded", "client data", "a chunk NaiveProxy wrote upstream, and whose it was (now `last`)")
-Routed = event("Routed", "data routing targets", "a chunk route() read, its rule, the clients it goes to")
-Received = event("Received", "client data", "what a demo client read to EOF")
-Replied = event("Replied", "connection data gate split_at",
-                "the upstream writes a reply on a connection, after its gate, its first split_at bytes first")
-Trial = event("Trial", "label", "a trial begins: its borrows are counted, its connections numbered, from 1")
-Borrow = event("Borrow", "k client request reply connection outcome partial silence",
-               "the k-th borrow returned the reply: its connection, its checkin's outcome, whether it read on "
-               "after part of the reply, and the timeout rule's silence (else None)")
-# Part two (record_managed): what on_event hears, one type per kind drawn, and taps for what it does not say
-Step = event("Step", "client kind t connection owed ended data oldest",
-             'on_event "sent", "timed out" (data: the request) or "reply" (oldest: the oldest call owed then, '
-             "a managed.Call, whose request and abandoned no later step changes)", defaults=(None,))
-Attempt = event("Attempt", "set kind number index result", 'on_event "attempt": one of a call\'s attempts ended')
-Disabled = event("Disabled", "cache kind service start end reason", 'on_event "disabled": the cache opened a window')
+Sent = namedtuple("Sent", "client data")             # a demo client's send()
+Forwarded = namedtuple("Forwarded", "client data")   # a chunk NaiveProxy wrote upstream, and whose it was (now `last`)
+Routed = namedtuple("Routed", "data routing targets")   # a chunk route() read, its rule, the clients it goes to
+Received = namedtuple("Received", "client data")        # what a demo client read to EOF
+# the upstream writes a reply on a connection, after its gate, its first split_at bytes first
+Replied = namedtuple("Replied", "connection data gate split_at")
+Trial = namedtuple("Trial", "label")   # a trial begins: its borrows are counted, its connections numbered, from 1
+# the k-th borrow returned the reply: its connection, its checkin's outcome, whether it read on after part
+# of the reply, and the timeout rule's silence (else None)
+Borrow = namedtuple("Borrow", "k client request reply connection outcome partial silence")
+# Part two (record_managed): what on_event hears, one type per kind drawn, and taps for what it does not say.
+# Step: on_event "sent", "timed out" (data: the request) or "reply" (oldest: the oldest call owed then,
+# a managed.Call, whose request and abandoned no later step changes)
+Step = namedtuple("Step", "client kind t connection owed ended data oldest", defaults=(None,))
+Attempt = namedtuple("Attempt", "set kind number index result")   # on_event "attempt": one of a call's attempts ended
+Disabled = namedtuple("Disabled", "cache kind service start end reason")   # on_event "disabled": a window opened
 ON_EVENT = {"sent": Step, "timed out": Step, "reply": Step, "attempt": Attempt, "disabled": Disabled}   # by kind
-SetCall = event("SetCall", "t request", "ManagedSet.call() begins")
-Skipped = event("Skipped", "service", "pick() found a service disabled")
-Service = event("Service", "kind t addr", "a FaultyUpstream stopped or restarted, at the set's clock's time")
+SetCall = namedtuple("SetCall", "t request")   # ManagedSet.call() begins
+Checked = namedtuple("Checked", "service enabled picking")   # ReliabilityCache.is_enabled() answered, in pick() or not
+Service = namedtuple("Service", "kind t addr")   # a FaultyUpstream stopped or restarted, at the set's clock's time
 # Part three (record_part3), kept per scenario
-RedisRead = event("RedisRead", "client request connection reply rest", "read_reply() returned; connection: an address")
-TaggedSent = event("TaggedSent", "line", "on_event: a request about to be written, id and all")
-Got = event("Got", "line", "on_event: the client's reader took a reply line")
-Returned = event("Returned", "line outcome", "call() returned bytes or raised (the class name); line: as sent")
-Counted = event("Counted", "source counter key", "a TaggedClient's or TaggedUpstream's count(); key: see key_of")
-
+RedisRead = namedtuple("RedisRead", "client request connection reply rest")   # read_reply() returned, on an address
+TaggedSent = namedtuple("TaggedSent", "line")   # on_event: a request about to be written, id and all
+Got = namedtuple("Got", "line")                 # on_event: the client's reader took a reply line
+Returned = namedtuple("Returned", "line outcome")   # call() returned bytes or raised (the class name); line: as sent
+Counted = namedtuple("Counted", "source counter key")   # a TaggedClient's or TaggedUpstream's count(); key: see key_of
 
 
 class Recorder(contextlib.ExitStack):
-    """The events of one recording, in the order they happened, and the taps that hear
-    them (undone when the `with` block ends)."""
+    """The events of one recording, in the order they happened, and the taps that hear them."""
 
     def __init__(self):
         super().__init__()
@@ -65,6 +57,16 @@ class Recorder(contextlib.ExitStack):
         self.names = {}                  # a demo client's socket address -> its name ("A")
         self.thread = threading.local()  # per-thread notes, e.g. the client a handler serves
         self._lock = threading.Lock()
+
+    def __enter__(self):
+        # every recording names the demo clients, and notes per FramedProxy handler thread its client (named
+        # by then: a client's __init__ is over before it sends) and request
+        self.tap(kit.Client, "__init__", after=lambda _, client, name, *a, **o: self.names.__setitem__(
+            client.sock.getsockname(), name))
+        self.tap(FramedProxy, "handle", before=lambda proxy, conn: self.note(conn=conn))
+        self.tap(FramedProxy, "exchange", before=lambda proxy, request: self.note(
+            client=self.peer(self.thread.conn), request=request))
+        return super().__enter__()
 
     def log(self, happened):
         with self._lock:
@@ -90,11 +92,7 @@ class Recorder(contextlib.ExitStack):
             if after:
                 after(result, *args, **options)
             return result
-        if name in vars(owner):
-            self.callback(setattr, owner, name, vars(owner)[name])
-        else:   # inherited: deleting the tap uncovers the inherited one again
-            self.callback(delattr, owner, name)
-        setattr(owner, name, tapped)
+        self.enter_context(mock.patch.object(owner, name, tapped))   # put back, own or inherited, when the `with` ends
 
     def listen(self, source, hear):
         """Hear source's on_event too, after whatever the scenario gave it (once per source)."""
@@ -111,26 +109,15 @@ class Recorder(contextlib.ExitStack):
         """The demo client at the other end of a proxy's socket (named once its connect returned)."""
         return self.names.get(sock.getpeername(), "?")
 
-    def name_demo_clients(self):
-        self.tap(kit.Client, "__init__", after=lambda _, client, name, *a, **o: self.names.__setitem__(
-            client.sock.getsockname(), name))
-
-    def name_pool_requests(self):
-        """Note, per FramedProxy handler thread, its client (thread.client) and request (thread.request)."""
-        self.tap(FramedProxy, "handle", before=lambda proxy, conn: setattr(self.thread, "conn", conn))
-        self.tap(FramedProxy, "exchange", before=lambda proxy, request: self.note(
-            client=self.peer(self.thread.conn), request=request))
-
     def note(self, **values):
         for name, value in values.items():
             setattr(self.thread, name, value)
 
 
-def run_quietly(scenario, *args):
-    """Run a demo scenario; return what it printed."""
+def run_quietly(scenario):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        scenario(*args)
+        scenario()
     return printed.getvalue()
 
 
@@ -147,8 +134,6 @@ def record_part_one(scenario, trial_function=None, label_of=None):
         return trial["numbers"].setdefault(address, len(trial["numbers"]) + 1)
 
     with Recorder() as r:
-        r.name_demo_clients()
-        r.name_pool_requests()
         if trial_function:
             r.tap(demo, trial_function, before=begin)
         r.tap(kit.Client, "send", before=lambda client, data: r.log(Sent(client.name, data)))
@@ -159,8 +144,8 @@ def record_part_one(scenario, trial_function=None, label_of=None):
         r.tap(Upstream, "reply", before=lambda up, conn, data: r.log(Replied(
             number(conn.getpeername()), data, up.gate, up.split_at or 0)))
         r.tap(FramedProxy, "checkout", after=lambda sock, proxy: r.note(k=next(trial["borrows"]), partial=False))
-        r.tap(FramedProxy, "count", before=lambda proxy, name, amount=1: name == "partial_replies" and r.note(
-            partial=True))
+        r.tap(FramedProxy, "count", before=lambda proxy, name, amount=1: r.note(
+            partial=getattr(r.thread, "partial", False) or name == "partial_replies"))
         r.tap(FramedProxy, "checkin", before=lambda proxy, sock, outcome: r.note(
             outcome=outcome, connection=number(sock.getsockname())))
         r.tap(FramedProxy, "exchange", after=lambda reply, proxy, request: r.log(Borrow(
@@ -181,11 +166,9 @@ def record_managed(scenario):
         r.listen(managed_set.rcache, heard)
         sets.append(managed_set)
 
-    def changed(kind):
-        def log(upstream):
-            if sets and upstream.closed == (kind == "restarted"):   # a change, not a second close()
-                r.log(Service(kind, sets[0].clock.now(), upstream.addr))
-        return log
+    def changed(kind, upstream):
+        if sets and upstream.closed == (kind == "restarted"):   # a change, not a second close()
+            r.log(Service(kind, sets[0].clock.now(), upstream.addr))
 
     sets = []   # the ManagedSets made so far: the first one's clock times an upstream's stop and restart
 
@@ -195,18 +178,16 @@ def record_managed(scenario):
         r.tap(managed.ManagedSet, "call", before=lambda s, request: r.log(SetCall(s.clock.now(), request)))
         r.tap(managed.ManagedSet, "pick", before=lambda s, *a: r.note(picking=True),
               after=lambda *a: r.note(picking=False))
-        r.tap(faults.FaultyUpstream, "close", before=changed("stopped"))
-        r.tap(faults.FaultyUpstream, "restart", before=changed("restarted"))
-        r.tap(managed.ReliabilityCache, "is_enabled", after=lambda yes, cache, addr: getattr(
-            r.thread, "picking", False) and not yes and r.log(Skipped(addr)))
+        r.tap(faults.FaultyUpstream, "close", before=lambda upstream: changed("stopped", upstream))
+        r.tap(faults.FaultyUpstream, "restart", before=lambda upstream: changed("restarted", upstream))
+        r.tap(managed.ReliabilityCache, "is_enabled", after=lambda enabled, cache, addr: r.log(
+            Checked(addr, enabled, getattr(r.thread, "picking", False))))
         printed = run_quietly(scenario)
     return r, printed
 
 
 def record_part3():
-    """part3_demo's scenarios that Part three's pictures draw: ({each one's name: the events it
-    made}, what they printed). A pool's handler thread notes each request and its client (named
-    by then: a client's __init__ is over before it sends)."""
+    """part3_demo's scenarios that Part three's pictures draw: ({each one's name: the events it made}, printed)."""
     def heard(client, what):
         kind, line = what
         if kind == "sent":   # on the calling thread: its call's Returned names the request by it
@@ -218,8 +199,6 @@ def record_part3():
 
     events, printed = {}, ""
     with Recorder() as r:
-        r.name_demo_clients()
-        r.name_pool_requests()
         r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
             r.thread.client, r.thread.request, sock.getsockname(), *result)))
         r.tap(tagged.TaggedClient, "__init__", after=lambda _, client, *a, **o: r.listen(client, heard))

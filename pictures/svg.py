@@ -1,5 +1,6 @@
 """pictures.svg: a few shapes and monospace text, and the colours every picture shares.
 A reader of the lesson need not read this module."""
+import itertools
 from xml.sax.saxutils import escape
 
 FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
@@ -70,15 +71,6 @@ class Svg:
         listed = " ".join(f"{number(x)},{number(y)}" for x, y in points)
         self.parts.append(f'<polygon points="{listed}" fill="{fill}"/>')
 
-    def arrow(self, x1, y1, x2, y2, stroke=INK, width=1.5, dash=None, head=8):
-        """A straight line from (x1, y1) with a head at (x2, y2)."""
-        length = max(((x2 - x1) ** 2 + (y2 - y1) ** 2) ** 0.5, 1)
-        ux, uy = (x2 - x1) / length, (y2 - y1) / length
-        base_x, base_y = x2 - ux * head, y2 - uy * head
-        self.line(x1, y1, base_x, base_y, stroke, width, dash)
-        self.polygon([(x2, y2), (base_x - uy * head / 2, base_y + ux * head / 2),
-                      (base_x + uy * head / 2, base_y - ux * head / 2)], stroke)
-
     def text(self, x, y, content, size=13, fill=INK, anchor="start", bold=False):
         """One line of monospace text; (x, y) is the baseline's start, middle or end."""
         width = text_width(content, size)
@@ -97,9 +89,9 @@ class Svg:
         self.text(x + 5, y + 12 + size * 0.35, visible(data), size, INK)
         return width
 
-    def legend(self, x, y, entries, size=12):
-        """A legend line: (label, fill, stroke) per entry, left to right."""
-        for label, fill, stroke in entries:
+    def legend(self, x, y, entries, owners="", owned="bytes", size=12):
+        """A legend line, left to right: "<owner>'s bytes" in each owner's colours, then (label, fill, stroke) each."""
+        for label, fill, stroke in [(f"{owner}'s {owned}", *colours(owner)) for owner in owners] + entries:
             self.rect(x, y - size + 1, size, size, fill, stroke, 1.5)
             self.text(x + size + 6, y, label, size, INK)
             x += size + 6 + text_width(label, size) + 22
@@ -118,33 +110,37 @@ class Svg:
             ""])
 
 
-def heading(svg, lines, x=16, y=28):
-    """The picture's visible title and a line or two under it; returns the y below them."""
-    svg.text(x, y, lines[0], 16, INK, bold=True)
+def titled(*lines):
+    """A picture titled by its first line, shown bold with a line or two under it: (the Svg, the y below them)."""
+    svg = Svg(lines[0])
+    y = 28
+    svg.text(16, y, lines[0], 16, INK, bold=True)
     for line in lines[1:]:
         y += 20
-        svg.text(x, y, line, 12, MUTED)
-    return y + 22
+        svg.text(16, y, line, 12, MUTED)
+    return svg, y + 22
 
 
-def cut(chunks, start, end):
-    """The bytes start..end of a stream laid end to end from (tag, bytes) chunks: [(tag, bytes)]."""
-    found, position = [], 0
-    for tag, data in chunks:
-        low, high = max(start, position), min(end, position + len(data))
-        if low < high:
-            found.append((tag, data[low - position:high - position]))
-        position += len(data)
+def split(chunks, lengths):
+    """The stream laid end to end from (tag, bytes) chunks, cut into consecutive pieces of the given lengths:
+    a [(tag, bytes)] per piece, a chunk's bytes in each piece they overlap."""
+    starts = [0, *itertools.accumulate(len(data) for _, data in chunks)]   # where each chunk begins
+    found, start = [], 0
+    for length in lengths:
+        end = start + length
+        found.append([(tag, data[max(start - at, 0):end - at]) for (tag, data), at in zip(chunks, starts)
+                      if at < end and at + len(data) > start])
+        start = end
     return found
 
 
 def sequence(svg, top, lanes, rows, remarks_x, row=34):
-    """A sequence diagram from `top`: a named box and a dashed lifeline per lane ({name: x}),
-    then one row per event down the page; returns the lifelines' bottom.
+    """A sequence diagram from `top`: a named box and a dashed lifeline per lane ({name: x}), then one row
+    per event down the page; returns the lifelines' bottom.
 
-    A row is ("arrow", from lane, to lane, bytes, owner, wrong, remark): an arrow in its
-    owner's colour under the bytes it carries, or ("note", lane, label, owner, wrong,
-    remark): a box on the lane. Wrong rows are red; a remark is written at remarks_x."""
+    A row is ("arrow", from lane, to lane, bytes, owner, wrong, remark): an arrow in its owner's colour under
+    the bytes it carries, or ("note", lane, label, owner, wrong, remark): a box on the lane. Wrong rows are
+    red; a remark is written at remarks_x."""
     bottom = top + row * (len(rows) + 1)
     for lane, x in lanes.items():
         fill, stroke = colours(lane)
@@ -157,7 +153,10 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
         if kind == "arrow":
             target, data, owner, wrong, remark = drawn
             x1, x2 = lanes[lane], lanes[target]
-            svg.arrow(x1, y, x2, y, RED if wrong else colours(owner)[1], 2.5 if wrong else 1.5)
+            tone = RED if wrong else colours(owner)[1]
+            toward = 1 if x2 > x1 else -1   # right or left
+            svg.line(x1, y, x2 - 8 * toward, y, tone, 2.5 if wrong else 1.5)   # then a head 8 long, 8 wide
+            svg.polygon([(x2, y), (x2 - 8 * toward, y + 4 * toward), (x2 - 8 * toward, y - 4 * toward)], tone)
             label = visible(data)
             label_x = min(x1, x2) + 12
             svg.rect(label_x - 3, y - 20, text_width(label, 13) + 6, 17, "#ffffff")
@@ -177,12 +176,11 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
 def borrows(svg, top, rule, note, strip, rows, left=16):
     """A pool's borrows as steps, from `top`; returns the bottom.
 
-    The rule and a note; then, if `strip` is (caption, pieces), one connection's stream
-    as written, each piece (owner, bytes, wrong, taker) above the borrower that took it
-    (taker None: unread); then a row per borrow (client, request, got, verdict, tone,
-    after): what it sent, the pieces (owner, bytes, wrong) it got, its verdict and what
-    became of the connection. Bytes are in the colour of the client whose request they
-    answer, outlined red where they answer another request, or none."""
+    The rule and a note; then, if `strip` is (caption, pieces), one connection's stream as written, each
+    piece (owner, bytes, wrong, taker) above the borrower that took it; then a row per borrow (client,
+    request, got, verdict, tone, after): what it sent, the pieces (owner, bytes, wrong) it got, its verdict
+    and what became of the connection. Bytes are in the colour of the client whose request they answer,
+    outlined red where they answer another request, or none."""
     svg.text(left, top, rule, 14, INK, bold=True)
     svg.text(left, top + 18, note, 12, MUTED)
     y = top + 46
@@ -193,9 +191,8 @@ def borrows(svg, top, rule, note, strip, rows, left=16):
         x = left
         for owner, data, wrong, taker in pieces:
             width = svg.bytes_box(x, y, data, owner, 13, wrong=wrong)
-            tone = MUTED if taker is None else RED if wrong else colours(taker)[1]
-            svg.text(x + width / 2, y + 42, "unread" if taker is None else f"to {taker}", 12, tone,
-                     anchor="middle", bold=wrong)
+            tone = RED if wrong else colours(taker)[1]
+            svg.text(x + width / 2, y + 42, f"to {taker}", 12, tone, anchor="middle", bold=wrong)
             svg.line(x + width / 2, y + 26, x + width / 2, y + 30, tone, 1.5)
             x += width + 4
         y += 76
