@@ -1,8 +1,16 @@
-"""pictures.draw: Parts one and two's pictures, each a short function of the events its scenario's
-own run made (pictures.record), drawn with a shared layout (pictures.svg): a byte strip, sequence(),
-borrows() or a timeline. `python3 -m pictures [--check]` draws them all, and test_pictures.py afresh:
-a change to what a scenario does changes its picture. No picture shows a time, a port or an id;
-Part two's times are the virtual clock's."""
+"""pictures.draw: Parts one and two's pictures; a reader of the lesson need not read it. Each is
+a short function of the events its scenario's own run made (pictures.record), drawn with a shared
+layout (pictures.svg). `python3 -m pictures [--check]` draws them all, test_pictures.py afresh: a
+change to what a scenario does changes its picture. No picture shows a port or an id; Part two's
+times are the virtual clock's.
+
+    interleave.svg        scenario 1, a byte strip
+    headline.svg          scenario 2, a sequence()
+    release.svg           scenario 6's paused-reply trials, framed above timeout, as borrows()
+    dishonest.svg         scenario 9, TrustingPool above FramedProxy, as borrows()
+    dirty-return.svg      Part two's scenario 1, a sequence() per late-reply rule
+    failover-windows.svg  Part two's scenario 4, a timeline
+"""
 from pathlib import Path
 
 import demo

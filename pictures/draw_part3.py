@@ -1,5 +1,11 @@
-"""pictures.draw_part3: Part three's pictures (PICTURES, at the end), each drawn from the
-events part3_demo's own scenarios made (pictures/record.py), as borrows or as sequences."""
+"""pictures.draw_part3: Part three's pictures; a reader of the lesson need not read it. Each is
+drawn from the events part3_demo's own scenarios made (pictures/record.py):
+
+    part3-redis-line-pool.svg       scenarios 2 and 4, TrustingPool by line above FramedProxy by RESP, as borrows()
+    part3-tagged-out-of-order.svg   scenario 5, ids out in order and replies back out of it, a sequence()
+    part3-head-of-line.svg          scenario 6, a held key with ids and the untagged twin, two sequence()s
+    part3-late-reply.svg            scenario 7, a late reply dropped by its id, a sequence()
+"""
 from part3 import resp, tagged
 from pictures.record import Counted, Got, RedisRead, Returned, TaggedSent, record_part3
 from pictures.svg import GREEN, INK, RED, RED_FILL, borrows, sequence, split, titled, visible
