@@ -11,8 +11,8 @@ The claim checked: every client reads back exactly the replies to its own
 requests, in the order it sent them, and nothing else.
 
 The normal suite runs 120 examples in all, shared among the proxies (SHARES):
-each client of an example costs about 5 ms, so 120 is what fits the suite's 20 s
-beside everything else (it was 200). `make soak` (SOAK=10000) shares 10,000 the
+each client of an example costs about 5 ms, and the suite has a budget of 20 s
+for everything (it was 200 examples). `make soak` (SOAK=10000) shares 10,000 the
 same way.
 """
 import os
