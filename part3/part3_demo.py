@@ -104,13 +104,23 @@ def whose(reply, key, values):
     return "the first line of a reply" if reply.startswith(b"$") else "WRONG"
 
 
+LINE_POOL_VALUES = {"a": "hello", "b": "world", "c": "again"}   # scenarios 2 and 3: A's, B's, C's keys
+
+
+def borrowed_in_turn(pool_class, stack):
+    """A pool_class pool of one connection, framing by line, in front of a redis-server that
+    holds LINE_POOL_VALUES, borrowed by A, B and C in turn: (the pool, the clients, what each read)."""
+    redis, control = redis_and_control(stack)
+    stored(control, LINE_POOL_VALUES)
+    pool = stack.enter_context(pool_class(redis.addr, pool_cap=1, framing=tcp_proxy.LINES))
+    crowd, replies = one_at_a_time(pool.addr, list(LINE_POOL_VALUES), stack)
+    return pool, crowd, replies
+
+
 def line_pool():
-    values = {"a": "hello", "b": "world", "c": "again"}
+    values = LINE_POOL_VALUES
     with contextlib.ExitStack() as stack:
-        redis, control = redis_and_control(stack)
-        stored(control, values)
-        pool = stack.enter_context(TrustingPool(redis.addr, pool_cap=1, framing=tcp_proxy.LINES))
-        crowd, replies = one_at_a_time(pool.addr, list(values), stack)
+        pool, crowd, replies = borrowed_in_turn(TrustingPool, stack)
         for client, key, reply in zip(crowd, values, replies):
             print(f"  {client.name} asked GET {key:<2} got {show(reply):<21} {whose(reply, key, values)}")
         print(f"  connections opened: {pool.opened}")
@@ -131,12 +141,9 @@ def line_pool_verdict(replies, values):
 
 
 def checked_line_pool():
-    values = {"a": "hello", "b": "world", "c": "again"}
+    values = LINE_POOL_VALUES
     with contextlib.ExitStack() as stack:
-        redis, control = redis_and_control(stack)
-        stored(control, values)
-        proxy = stack.enter_context(FramedProxy(redis.addr, pool_cap=1, framing=tcp_proxy.LINES))
-        crowd, replies = one_at_a_time(proxy.addr, list(values), stack)
+        proxy, crowd, replies = borrowed_in_turn(FramedProxy, stack)
         for client, key, reply in zip(crowd, values, replies):
             print(f"  {client.name} asked GET {key:<2} got {show(reply)}")
         tails = {value.encode() + b"\r\n" for value in values.values()}   # what a misdelivery looks like
