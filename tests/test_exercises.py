@@ -18,6 +18,8 @@ slowest exercise. Scaffolding, named: each copy's hook timeout is cut to a coupl
 seconds, so an exercise whose answer is "the demo gives up waiting" does not wait
 the full ten.
 """
+import functools
+import os
 import re
 import shutil
 import subprocess
@@ -33,7 +35,7 @@ from tests.prose import HERE, MODULE, contiguous_at, fenced_blocks, text
 # fixture (nine changed copies of the project, each run) runs once per worker that needs it.
 pytestmark = pytest.mark.xdist_group("test_exercises")
 
-COPIED = ["**/*.py", "*.ini", "*.cfg", "*.toml", "transcripts/*.txt"]   # what a run needs
+COPIED = ["*.ini", "*.cfg", "*.toml", "transcripts/*.txt"]   # what a run needs, with every *.py
 HOOK_TIMEOUT = re.compile(r"^(\s*hook_timeout = )[\d.]+", re.M)
 SHORT_HOOK_TIMEOUT = "2.0"   # scaffolding: a missing event is reported in 2 s, not 10
 COMMAND = re.compile(r"`((?:python3|\.venv/bin/python) (?:demo\.py|-m pytest)[^`]*)`"
@@ -83,16 +85,24 @@ def exercises(source=None):
     return found
 
 
+@functools.cache   # every copy needs the same files; the tree does not change during a run
+def project_files():
+    """The files a run needs, relative to the project: every *.py, and COPIED. Hidden folders
+    (.venv and the like: not the project's, and thousands of files) are not walked into."""
+    found = [path.relative_to(HERE) for pattern in COPIED for path in HERE.glob(pattern)]
+    for folder, subfolders, names in os.walk(HERE):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".") and name != "__pycache__"]
+        found += [Path(folder).relative_to(HERE) / name for name in names if name.endswith(".py")]
+    return sorted(found)
+
+
 def apply(exercise, directory):
     """Copy the project into directory and make the exercise's change there.
     Returns None, or why the change could not be made."""
-    for pattern in COPIED:
-        for path in HERE.glob(pattern):
-            if any(part.startswith(".") for part in path.relative_to(HERE).parts):
-                continue   # .venv and the like: not the project's
-            target = directory / path.relative_to(HERE)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, target)
+    for path in project_files():
+        target = directory / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(HERE / path, target)
     module = directory / exercise.module
     source = module.read_text(encoding="utf-8")
     old = "\n".join(exercise.removed) + "\n"
@@ -150,14 +160,16 @@ EXERCISES = exercises()
 
 
 def controls():
-    """Two harmless changes (a comment added) that claim the evidence of a real
-    exercise, one of each kind: the check must reject both, or it could not fail."""
+    """Two harmless changes (a comment added), each claiming one kind of a real exercise's
+    evidence and only that kind, so that each check is shown to reject what a run did not
+    show: the printed lines of one, the failing tests of another."""
     harmless = (["import contextlib"], ["import contextlib   # changed, harmlessly"])
-    shown = next(e for e in EXERCISES if e.broken)
+    shown = next(e for e in EXERCISES if e.broken and not e.failing)
     failed = next(e for e in EXERCISES if e.failing)
-    return [Exercise(f"control-{kind}", "tcp_proxy.py", *harmless, claimed.command,
-                     claimed.broken, claimed.failing, claimed.fence_line)
-            for kind, claimed in (("broken", shown), ("failing", failed))]
+    return [Exercise("control-broken", "tcp_proxy.py", *harmless, shown.command, shown.broken, [],
+                     shown.fence_line),
+            Exercise("control-failing", "tcp_proxy.py", *harmless, failed.command, [], failed.failing,
+                     failed.fence_line)]
 
 
 CONTROLS = controls()
@@ -204,4 +216,5 @@ def test_the_check_rejects_evidence_that_a_harmless_change_does_not_show(control
     result = runs[control.number]
     assert not isinstance(result, str), f"{control}: {result}"
     assert result[0] == 0, "the harmless change broke the run"
-    assert verdict(control, *result) != []
+    rejected = "the changed project did not print" if control.broken else "did not fail"
+    assert [problem for problem in verdict(control, *result) if rejected in problem] != []
