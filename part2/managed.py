@@ -1128,9 +1128,12 @@ class ManagedClient(ConnectionThreads):
             elif written:
                 self.count("written")
             else:   # part of a request may be on the wire: the connection is unusable
-                self._end(connection, "a request not written in time",
-                          MessageLost("a request not written in time closed the connection"))
-                call.error = MessageTimeout(f"request not sent within {as_seconds(self.msg_timeout)}")
+                timeout = MessageTimeout(f"request not sent within {as_seconds(self.msg_timeout)}")
+                # a ping is its connection's only call, and shares the deadline of the calls that
+                # wait for the connection: what they see is that their deadline passed
+                lost = timeout if call.is_ping else MessageLost("a request not written in time closed the connection")
+                self._end(connection, "a request not written in time", lost)
+                call.error = timeout
             connection.close_if_unused()
 
 
