@@ -15,7 +15,7 @@ from pathlib import Path
 
 import demo
 from part2 import managed_demo
-from pictures.record import (Attempt, Borrow, Checked, Disabled, Forwarded, Received, Replied, Routed, Sent, Service,
+from pictures.record import (Attempt, Borrow, Disabled, Forwarded, Received, Replied, Routed, Sent, Service,
                              SetCall, Step, Trial, record_managed, record_part_one)
 from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, borrows, colours, sequence, split, titled, visible
 from scaffolding.kit import CLIENT_NAMES
@@ -303,21 +303,16 @@ def draw_failover(recorder):
         svg.rect(x_of(window.start) + 1, top + 28, seconds * SECOND - 2, 22, RED_FILL, RED, 1.5, radius=3)
         svg.text(x_of(window.start) + 6, top + 43, f"{window.start}-{window.end}s: {seconds}s", 11, RED, bold=True)
     y = top + 40
-    for e in events:   # a row per call: its attempts, and the services pick() skipped, from the time it was made
+    for e in events:   # a row per call, from the time it was made: its attempts (pick() skips a disabled A)
         if isinstance(e, SetCall):
             x, y = x_of(e.t), y + 30
             svg.text(x - 8, y + 16, f"t={e.t}s", 11, MUTED, "end")
-        elif isinstance(e, Checked) and e.picking and not e.enabled:   # pick() passed it over
-            x += svg.bytes_box(x, y, f"{name[e.service]} skipped: disabled".encode(), None, 11) + 4
         elif isinstance(e, Attempt):
             service = CLIENT_NAMES[e.index] if e.index is not None else "no service"   # pick() found none
             x += svg.bytes_box(x, y, f"{service} {e.result.split(':')[0]}".encode(), service, 11,
                                wrong=e.result != "ok") + 4
-    failures = dict.fromkeys(e.result for e in events if isinstance(e, Attempt) and e.result != "ok")
-    svg.text(16, y + 50, "; ".join(failures), 11, RED)
-    svg.legend(16, y + 76, [("A disabled by the cache", RED_FILL, RED), ("an attempt on A", *colours("A")),
-                            ("on B", *colours("B")), ("red outline: it failed", "#ffffff", RED),
-                            ("skipped by pick(): disabled", *colours(None))])
+    svg.legend(16, y + 56, [("an attempt on A", *colours("A")), ("on B", *colours("B")),
+                            ("red outline: it failed", "#ffffff", RED)])
     return svg
 
 

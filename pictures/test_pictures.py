@@ -25,7 +25,7 @@ HERE = ROOT
 TAPPED = [(NaiveProxy, "forward"), (NaiveProxy, "route"), (FramedProxy, "checkout"), (FramedProxy, "count"),
           (FramedProxy, "exchange"), (FramedProxy, "checkin"), (Upstream, "reply"), (Upstream, "__init__"),
           (kit.Client, "__init__"), (kit.Client, "send"), (managed.ManagedClient, "__init__"),
-          (managed.ManagedSet, "call"), (managed.ManagedSet, "pick"), (managed.ReliabilityCache, "is_enabled"),
+          (managed.ManagedSet, "call"),
           (faults.FaultyUpstream, "reply"), (faults.FaultyUpstream, "close"), (faults.FaultyUpstream, "restart"),
           (demo, "release_received"), (demo, "dishonest_trial")]
 
@@ -198,7 +198,7 @@ def test_the_failover_picture_tries_a_only_as_each_window_ends_and_says_so(runs)
             tried_a.append(t)
     assert tried_a == [0.0] + [e.end for e in recorder.of(Disabled)] == [0.0, 1.0, 3.0, 7.0]
     svg = pictures.render_all(runs[0])["failover-windows.svg"]
-    assert svg.count(">A skipped: disabled</text>") == 5 and svg.count(">A CommunicationError</text>") == 3
+    assert svg.count(">B ok</text>") == 5 and svg.count(">A CommunicationError</text>") == 3
     assert ">A ok</text>" in svg
 
 
