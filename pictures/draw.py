@@ -68,9 +68,7 @@ def draw_interleave(recorder):
         svg.rect(left + position * CELL, y, CELL, 36, INK if newline else fill, stroke, 1)
         svg.text(left + (position + 0.5) * CELL, y + 24, label, 13 if newline else 14, "#ffffff" if newline else INK,
                  "middle", bold=newline)
-    meant = "; ".join(f"{client} meant " + ", ".join(f"'{line.decode()}'" for line in lines_sent(recorder, client))
-                      for client in dict.fromkeys(owner for owner, _ in forwarded))
-    svg.text(left, y + 54, f"\u2423 is a space; each \\n ends a request for the upstream.  {meant}", 12, MUTED)
+    svg.text(left, y + 54, "\u2423 is a space; each \\n ends a request for the upstream", 12, MUTED)
     start = 0
     for index, (line, senders) in enumerate(request_owners(recorder)):   # a bracket under each request
         x1, x2 = left + start * CELL + 2, left + (start + len(line) + 1) * CELL - 2
@@ -80,9 +78,8 @@ def draw_interleave(recorder):
         svg.line(x1, y + 84, x2, y + 84, tone, 2.5)
         svg.line(x2, y + 84, x2, y + 76, tone, 2.5)
         svg.text(x1 + 2, y + 104, f"request {index + 1}: '{line}'", 13, tone, bold=True)
-        svg.text(x1 + 2, y + 122, f"bytes of {' + '.join(senders)}" + ("" if sent else ": nobody sent it"), 12, tone)
         start += len(line) + 1
-    svg.legend(left, y + 156, [("\\n", INK, INK), ("red: a request nobody sent", "#ffffff", RED)], owners="AB")
+    svg.legend(left, y + 138, [("\\n", INK, INK), ("red: a request nobody sent", "#ffffff", RED)], owners="AB")
     return svg
 
 
