@@ -230,11 +230,8 @@ def dirty_rows(steps):
             "(connection gone)" if e.ended else owed or "(nothing)")
         if e.kind == "sent":
             rows.append(("arrow", "ManagedClient", "upstream", e.data, None, False, f"t={e.t}s  {owed}"))
-        elif e.kind == "timed out":
-            what = "its connection is destroyed" if e.ended else "it stays owed, abandoned" if any(
-                request == e.data for request, _ in e.owed) else "it leaves the queue"
-            label = f"t={e.t}s {short(e.data)} times out"
-            rows.append(("note", "ManagedClient", label, None, False, f"{what}; {owed}"))
+        elif e.kind == "timed out":   # what the rule did to the call shows in what stays owed
+            rows.append(("note", "ManagedClient", f"t={e.t}s {short(e.data)} times out", None, False, owed))
         elif e.oldest is None:
             rows.append(("arrow", "upstream", "ManagedClient", e.data, None, False, f"no call is owed it; {owed}"))
         else:
