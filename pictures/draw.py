@@ -250,7 +250,6 @@ def draw_dirty_return(recorder):
         steps = [e for e in recorder.of(Step) if e.client == client]   # what its on_event told of
         svg.text(16, y + 16, LATE_REPLY_RULES[client.late_replies, client.msg_timeout_is_fatal], 14, INK, bold=True)
         y = sequence(svg, y + 62, {"ManagedClient": 130, "upstream": 390}, dirty_rows(steps), 460) + 10
-    svg.legend(16, y + 16, [("red: a reply handed to the wrong call", RED_FILL, RED)])
     return svg
 
 
@@ -276,7 +275,7 @@ def draw_failover(recorder):
     restarts = [e for e in events if isinstance(e, Service) and e.kind == "restarted"]
     for stop, restart in zip(stops, restarts):   # a service's life: stopped, then running again
         svg.text(16, top + 40, f"{name[stop.addr]}, the upstream", 12, INK, bold=True)
-        svg.rect(x_of(stop.t), top + 26, (restart.t - stop.t) * SECOND, 18, *colours(None), dash="4 3")
+        svg.rect(x_of(stop.t), top + 26, (restart.t - stop.t) * SECOND, 18, *colours(None))
         svg.text(x_of(stop.t) + 6, top + 40, "stopped: refuses connections", 11, MUTED)
         calls_before = [e.t for e in events[:events.index(restart)] if isinstance(e, SetCall)]
         after = ", after that call" if calls_before and calls_before[-1] == restart.t else ""
@@ -297,8 +296,6 @@ def draw_failover(recorder):
             service = CLIENT_NAMES[e.index] if e.index is not None else "no service"   # pick() found none
             x += svg.bytes_box(x, y, f"{service} {e.result.split(':')[0]}".encode(), service, 11,
                                wrong=e.result != "ok") + 4
-    svg.legend(16, y + 56, [("an attempt on A", *colours("A")), ("on B", *colours("B")),
-                            ("red outline: it failed", "#ffffff", RED)])
     return svg
 
 
