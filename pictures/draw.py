@@ -70,13 +70,11 @@ def draw_interleave(recorder):
                  "middle", bold=newline)
     svg.text(left, y + 54, "\u2423 is a space; each \\n ends a request for the upstream", 12, MUTED)
     start = 0
-    for index, (line, senders) in enumerate(request_owners(recorder)):   # a bracket under each request
+    for index, (line, senders) in enumerate(request_owners(recorder)):   # a line under each request
         x1, x2 = left + start * CELL + 2, left + (start + len(line) + 1) * CELL - 2
         sent = len(senders) == 1 and line.encode() in lines_sent(recorder, senders[0])
         tone = INK if sent else RED
-        svg.line(x1, y + 76, x1, y + 84, tone, 2.5)
         svg.line(x1, y + 84, x2, y + 84, tone, 2.5)
-        svg.line(x2, y + 84, x2, y + 76, tone, 2.5)
         svg.text(x1 + 2, y + 104, f"request {index + 1}: '{line}'", 13, tone, bold=True)
         start += len(line) + 1
     svg.legend(left, y + 138, [("\\n", INK, INK), ("red: a request nobody sent", "#ffffff", RED)], owners="AB")
@@ -215,12 +213,6 @@ def short(request):
     return request.decode().split()[-1]
 
 
-LATE_REPLY_RULES = {   # (late_replies, msg_timeout_is_fatal) -> what the rule does, as dirty-return.svg names it
-    ("forget", False): 'late_replies="forget" (the bug): the timed-out call leaves the queue',
-    ("discard", False): "the default: the timed-out call stays owed, its late reply is discarded",
-    ("discard", True): "msg_timeout_is_fatal=True: the timed-out call's connection is destroyed"}
-
-
 def dirty_rows(steps):
     """One client's steps as svg.sequence rows, each remarked with what the connection owes after it."""
     rows, numbers = [], {}
@@ -230,7 +222,7 @@ def dirty_rows(steps):
             "(connection gone)" if e.ended else owed or "(nothing)")
         if e.kind == "sent":
             rows.append(("arrow", "ManagedClient", "upstream", e.data, None, False, f"t={e.t}s  {owed}"))
-        elif e.kind == "timed out":   # what the rule did to the call shows in what stays owed
+        elif e.kind == "timed out":
             rows.append(("note", "ManagedClient", f"t={e.t}s {short(e.data)} times out", None, False, owed))
         elif e.oldest is None:
             rows.append(("arrow", "upstream", "ManagedClient", e.data, None, False, f"no call is owed it; {owed}"))
@@ -248,7 +240,8 @@ def draw_dirty_return(recorder):
                     "after it, oldest first")
     for client in dict.fromkeys(e.client for e in recorder.of(Step)):   # each ManagedClient, as it first spoke
         steps = [e for e in recorder.of(Step) if e.client == client]   # what its on_event told of
-        svg.text(16, y + 16, LATE_REPLY_RULES[client.late_replies, client.msg_timeout_is_fatal], 14, INK, bold=True)
+        rule = f'late_replies="{client.late_replies}", msg_timeout_is_fatal={client.msg_timeout_is_fatal}'
+        svg.text(16, y + 16, rule, 14, INK, bold=True)   # what the rule does shows in what stays owed
         y = sequence(svg, y + 62, {"ManagedClient": 130, "upstream": 390}, dirty_rows(steps), 460) + 10
     return svg
 
