@@ -15,7 +15,7 @@ from pathlib import Path
 
 import demo
 from part2 import managed_demo
-from pictures.record import (Attempt, Borrow, Checked, Disabled, Forwarded, Received, Replied, Routed, Sent, Service,
+from pictures.record import (Attempt, Borrow, Disabled, Forwarded, Received, Replied, Routed, Sent, Service,
                              SetCall, Step, Trial, record_managed, record_part_one)
 from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, borrows, colours, sequence, split, titled, visible
 from scaffolding.kit import CLIENT_NAMES
@@ -68,21 +68,16 @@ def draw_interleave(recorder):
         svg.rect(left + position * CELL, y, CELL, 36, INK if newline else fill, stroke, 1)
         svg.text(left + (position + 0.5) * CELL, y + 24, label, 13 if newline else 14, "#ffffff" if newline else INK,
                  "middle", bold=newline)
-    meant = "; ".join(f"{client} meant " + ", ".join(f"'{line.decode()}'" for line in lines_sent(recorder, client))
-                      for client in dict.fromkeys(owner for owner, _ in forwarded))
-    svg.text(left, y + 54, f"\u2423 is a space; each \\n ends a request for the upstream.  {meant}", 12, MUTED)
+    svg.text(left, y + 54, "\u2423 is a space; each \\n ends a request for the upstream", 12, MUTED)
     start = 0
-    for index, (line, senders) in enumerate(request_owners(recorder)):   # a bracket under each request
+    for index, (line, senders) in enumerate(request_owners(recorder)):   # a line under each request
         x1, x2 = left + start * CELL + 2, left + (start + len(line) + 1) * CELL - 2
         sent = len(senders) == 1 and line.encode() in lines_sent(recorder, senders[0])
         tone = INK if sent else RED
-        svg.line(x1, y + 76, x1, y + 84, tone, 2.5)
         svg.line(x1, y + 84, x2, y + 84, tone, 2.5)
-        svg.line(x2, y + 84, x2, y + 76, tone, 2.5)
         svg.text(x1 + 2, y + 104, f"request {index + 1}: '{line}'", 13, tone, bold=True)
-        svg.text(x1 + 2, y + 122, f"bytes of {' + '.join(senders)}" + ("" if sent else ": nobody sent it"), 12, tone)
         start += len(line) + 1
-    svg.legend(left, y + 156, [("\\n", INK, INK), ("red: a request nobody sent", "#ffffff", RED)], owners="AB")
+    svg.legend(left, y + 138, [("\\n", INK, INK), ("red: a request nobody sent", "#ffffff", RED)], owners="AB")
     return svg
 
 
@@ -161,22 +156,20 @@ def streams(lent, replies):
 
 def pool_panel(svg, y, rule, note, lent, replies, shown):
     """A trial's first `shown` borrows through svg.borrows, a piece wrong if it answers another request
-    or none: (the bottom, the requests whose answers nobody read a byte of)."""
+    or none; returns the bottom."""
     written = streams(lent, replies)
     taken = {connection: iter(split(chunks, [len(b.reply) for b in lent if b.connection == connection]))
              for connection, chunks in written.items()}   # each borrower reads on where the last one stopped
-    strip, rows, answered = [], [], set()
+    strip, rows = [], []
     for b in lent[:shown]:
         pieces = next(taken[b.connection])
-        answered.update(k for (_, k), _ in pieces)
         got = [(owner, piece, k != b.k) for (owner, k), piece in pieces]
         strip += [(owner, piece, wrong, b.client) for owner, piece, wrong in got]
         after = ("read on after its first part; " if b.partial else "") + CHECKINS[b.outcome]
         right = b.reply == answer_to(b.request)
         rows.append((b.client, b.request, got, "right" if right else "wrong", GREEN if right else RED, after))
     caption = "its one upstream connection's stream, as written: each borrower reads on where the last stopped"
-    unread = [visible(b.request) for b in lent[:shown] if b.k not in answered]
-    return borrows(svg, y, rule, note, len(written) == 1 and (caption, strip), rows), unread
+    return borrows(svg, y, rule, note, len(written) == 1 and (caption, strip), rows)
 
 
 def draw_release(recorder):
@@ -190,7 +183,7 @@ def draw_release(recorder):
                 else 'release="framed": the connection goes back after the reply\'s \\n')
         right, *_, total = tally(lent)
         note = f"the first {shown} of its {total} borrows; the upstream pauses after each reply's first part"
-        y = pool_panel(svg, y + 10, rule, note, lent, replies, shown)[0] + 4
+        y = pool_panel(svg, y + 10, rule, note, lent, replies, shown) + 4
         svg.text(16, y, f"right: {right}/{total}", 13, GREEN if right == total else RED, bold=True)
         y += 40
     svg.legend(16, y, [("red outline: bytes of another client's answer", "#ffffff", RED)], owners="ABC")
@@ -198,22 +191,16 @@ def draw_release(recorder):
 
 
 def draw_dishonest(recorder):
-    found = trials(recorder)
-    extra = {data for trial in found.values() for chunks in streams(*trial).values()
-             for (owner, _), data in chunks if owner == NOBODY}   # what each reply came with
     svg, y = titled("Scenario 9: an upstream that says one line nobody asked for",
-                    f"the upstream follows every reply with {' '.join(map(visible, sorted(extra)))} in the same write; "
-                    "A and B take turns through a pool of one connection")
+                    "the upstream follows every reply with a line in the same write; A and B take turns through a "
+                    "pool of one connection")
     rules = {"TrustingPool": "TrustingPool: keeps the bytes past a reply for the next borrower",
              "FramedProxy": "FramedProxy: closes a connection with bytes past a reply"}
-    for label, (lent, replies) in found.items():
+    for label, (lent, replies) in trials(recorder).items():
         right, others, dirty, connections, total = tally(lent)
         note = (f"right {right}/{total}   another client's answer {others}   dirty connections closed {dirty}   "
                 f"upstream connections opened {connections}")
-        y, unread = pool_panel(svg, y + 10, rules.get(label, label), note, lent, replies, total)
-        if unread:
-            svg.text(16, y, f"queued behind them, never read: the answers to {', '.join(unread)}", 12, MUTED)
-        y += 36
+        y = pool_panel(svg, y + 10, rules.get(label, label), note, lent, replies, total) + 24
     svg.legend(16, y, [("red fill: the line nobody asked for", *colours(NOBODY)),
                        ("red outline: not the answer to this request", "#ffffff", RED)], owners="AB")
     return svg
@@ -226,12 +213,6 @@ def short(request):
     return request.decode().split()[-1]
 
 
-LATE_REPLY_RULES = {   # (late_replies, msg_timeout_is_fatal) -> what the rule does, as dirty-return.svg names it
-    ("forget", False): 'late_replies="forget" (the bug): the timed-out call leaves the queue',
-    ("discard", False): "the default: the timed-out call stays owed, its late reply is discarded",
-    ("discard", True): "msg_timeout_is_fatal=True: the timed-out call's connection is destroyed"}
-
-
 def dirty_rows(steps):
     """One client's steps as svg.sequence rows, each remarked with what the connection owes after it."""
     rows, numbers = [], {}
@@ -242,10 +223,7 @@ def dirty_rows(steps):
         if e.kind == "sent":
             rows.append(("arrow", "ManagedClient", "upstream", e.data, None, False, f"t={e.t}s  {owed}"))
         elif e.kind == "timed out":
-            what = "its connection is destroyed" if e.ended else "it stays owed, abandoned" if any(
-                request == e.data for request, _ in e.owed) else "it leaves the queue"
-            label = f"t={e.t}s {short(e.data)} times out"
-            rows.append(("note", "ManagedClient", label, None, False, f"{what}; {owed}"))
+            rows.append(("note", "ManagedClient", f"t={e.t}s {short(e.data)} times out", None, False, owed))
         elif e.oldest is None:
             rows.append(("arrow", "upstream", "ManagedClient", e.data, None, False, f"no call is owed it; {owed}"))
         else:
@@ -262,9 +240,9 @@ def draw_dirty_return(recorder):
                     "after it, oldest first")
     for client in dict.fromkeys(e.client for e in recorder.of(Step)):   # each ManagedClient, as it first spoke
         steps = [e for e in recorder.of(Step) if e.client == client]   # what its on_event told of
-        svg.text(16, y + 16, LATE_REPLY_RULES[client.late_replies, client.msg_timeout_is_fatal], 14, INK, bold=True)
+        rule = f'late_replies="{client.late_replies}", msg_timeout_is_fatal={client.msg_timeout_is_fatal}'
+        svg.text(16, y + 16, rule, 14, INK, bold=True)   # what the rule does shows in what stays owed
         y = sequence(svg, y + 62, {"ManagedClient": 130, "upstream": 390}, dirty_rows(steps), 460) + 10
-    svg.legend(16, y + 16, [("red: a reply handed to the wrong call", RED_FILL, RED)])
     return svg
 
 
@@ -290,7 +268,7 @@ def draw_failover(recorder):
     restarts = [e for e in events if isinstance(e, Service) and e.kind == "restarted"]
     for stop, restart in zip(stops, restarts):   # a service's life: stopped, then running again
         svg.text(16, top + 40, f"{name[stop.addr]}, the upstream", 12, INK, bold=True)
-        svg.rect(x_of(stop.t), top + 26, (restart.t - stop.t) * SECOND, 18, *colours(None), dash="4 3")
+        svg.rect(x_of(stop.t), top + 26, (restart.t - stop.t) * SECOND, 18, *colours(None))
         svg.text(x_of(stop.t) + 6, top + 40, "stopped: refuses connections", 11, MUTED)
         calls_before = [e.t for e in events[:events.index(restart)] if isinstance(e, SetCall)]
         after = ", after that call" if calls_before and calls_before[-1] == restart.t else ""
@@ -303,21 +281,14 @@ def draw_failover(recorder):
         svg.rect(x_of(window.start) + 1, top + 28, seconds * SECOND - 2, 22, RED_FILL, RED, 1.5, radius=3)
         svg.text(x_of(window.start) + 6, top + 43, f"{window.start}-{window.end}s: {seconds}s", 11, RED, bold=True)
     y = top + 40
-    for e in events:   # a row per call: its attempts, and the services pick() skipped, from the time it was made
+    for e in events:   # a row per call, from the time it was made: its attempts (pick() skips a disabled A)
         if isinstance(e, SetCall):
             x, y = x_of(e.t), y + 30
             svg.text(x - 8, y + 16, f"t={e.t}s", 11, MUTED, "end")
-        elif isinstance(e, Checked) and e.picking and not e.enabled:   # pick() passed it over
-            x += svg.bytes_box(x, y, f"{name[e.service]} skipped: disabled".encode(), None, 11) + 4
         elif isinstance(e, Attempt):
             service = CLIENT_NAMES[e.index] if e.index is not None else "no service"   # pick() found none
             x += svg.bytes_box(x, y, f"{service} {e.result.split(':')[0]}".encode(), service, 11,
                                wrong=e.result != "ok") + 4
-    failures = dict.fromkeys(e.result for e in events if isinstance(e, Attempt) and e.result != "ok")
-    svg.text(16, y + 50, "; ".join(failures), 11, RED)
-    svg.legend(16, y + 76, [("A disabled by the cache", RED_FILL, RED), ("an attempt on A", *colours("A")),
-                            ("on B", *colours("B")), ("red outline: it failed", "#ffffff", RED),
-                            ("skipped by pick(): disabled", *colours(None))])
     return svg
 
 

@@ -38,7 +38,6 @@ Attempt = namedtuple("Attempt", "set kind number index result")   # on_event "at
 Disabled = namedtuple("Disabled", "cache kind service start end reason")   # on_event "disabled": a window opened
 ON_EVENT = {"sent": Step, "timed out": Step, "reply": Step, "attempt": Attempt, "disabled": Disabled}   # by kind
 SetCall = namedtuple("SetCall", "t request")   # ManagedSet.call() begins
-Checked = namedtuple("Checked", "service enabled picking")   # ReliabilityCache.is_enabled() answered, in pick() or not
 Service = namedtuple("Service", "kind t addr")   # a FaultyUpstream stopped or restarted, at the set's clock's time
 # Part three (record_part3), kept per scenario
 RedisRead = namedtuple("RedisRead", "client request connection reply rest")   # read_reply() returned, on an address
@@ -176,12 +175,8 @@ def record_managed(scenario):
         r.tap(managed.ManagedClient, "__init__", after=lambda _, client, *a, **o: r.listen(client, heard))
         r.tap(managed.ManagedSet, "__init__", after=set_made)
         r.tap(managed.ManagedSet, "call", before=lambda s, request: r.log(SetCall(s.clock.now(), request)))
-        r.tap(managed.ManagedSet, "pick", before=lambda s, *a: r.note(picking=True),
-              after=lambda *a: r.note(picking=False))
         r.tap(faults.FaultyUpstream, "close", before=lambda upstream: changed("stopped", upstream))
         r.tap(faults.FaultyUpstream, "restart", before=lambda upstream: changed("restarted", upstream))
-        r.tap(managed.ReliabilityCache, "is_enabled", after=lambda enabled, cache, addr: r.log(
-            Checked(addr, enabled, getattr(r.thread, "picking", False))))
         printed = run_quietly(scenario)
     return r, printed
 

@@ -51,10 +51,9 @@ class Svg:
         self.left, self.top = min(self.left, x1, x2), min(self.top, y1, y2)
         self.right, self.bottom = max(self.right, x1, x2), max(self.bottom, y1, y2)
 
-    def rect(self, x, y, width, height, fill="none", stroke="none", stroke_width=1, dash=None, radius=0):
+    def rect(self, x, y, width, height, fill="none", stroke="none", stroke_width=1, radius=0):
         self._cover(x, y, x + width, y + height)
-        extra = f' stroke-dasharray="{dash}"' if dash else ""
-        extra += f' rx="{radius}"' if radius else ""
+        extra = f' rx="{radius}"' if radius else ""
         self.parts.append(f'<rect x="{number(x)}" y="{number(y)}" width="{number(width)}" '
                           f'height="{number(height)}" fill="{fill}" stroke="{stroke}" '
                           f'stroke-width="{number(stroke_width)}"{extra}/>')
