@@ -24,24 +24,21 @@ def record(version):
 
 
 def rows_of(scenario):
-    """svg.sequence's rows, client by client: its GET to the relay connection that carried it,
-    then the reply it read (red if another's), or its cancel while its reply was held."""
+    """svg.sequence's rows, client by client: its GET to the relay connection that carried it, then the reply
+    it read (red if another's) or what became of it (red), and where the relay closed a connection, that."""
     carried = {request: (f"connection {number}", fate)   # "GET a" -> (its connection's lane, its reply's fate)
                for number, exchanges in enumerate(scenario["connections"], start=1) for request, fate in exchanges}
     rows = []
     for name, key, outcome in scenario["clients"]:
-        (lane, fate), got = carried[f"GET {key}"], outcome.removeprefix("got value-of-")
+        lane, fate = carried[f"GET {key}"]
+        got = outcome.removeprefix("got value-of-")
         rows.append(("arrow", TASKS, lane, f"{name}: GET {key}".encode(), name, False, ""))
-        if outcome.startswith("got value-of-"):
-            rows.append(("arrow", carried[f"GET {got}"][0], TASKS, f"{name} {outcome}".encode(), name, got != key, ""))
-        elif outcome.startswith("cancelled"):
-            rows.append(("note", lane, f"value-of-{key} held", None, True, ""))
-            rows.append(("note", TASKS, f"{name} cancelled", name, True, ""))
+        if got == outcome:   # no reply read: cancelled (while its reply was held), or an error
+            rows.append(("note", lane, f"{name} {outcome}", name, True, ""))
         else:
-            rows.append(("note", TASKS, f"{name}: {outcome}", name, True, ""))
-        if fate in ("dropped", "held"):   # the relay closed it, its client gone; or held it to the end (the last GET)
-            label = f"closed: value-of-{key} dropped" if fate == "dropped" else f"value-of-{key} still held"
-            rows.append(("note", lane, label, None, fate == "held", ""))
+            rows.append(("arrow", carried[f"GET {got}"][0], TASKS, f"{name} {outcome}".encode(), name, got != key, ""))
+        if fate == "dropped":   # the relay closed it, its client gone
+            rows.append(("note", lane, f"closed: value-of-{key} dropped", None, False, ""))
     return rows
 
 
