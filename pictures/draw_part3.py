@@ -8,7 +8,7 @@ drawn from the events part3_demo's own scenarios made (pictures/record.py):
 """
 from part3 import resp, tagged
 from pictures.record import Got, RedisRead, Returned, TaggedSent, Waited, record_part3
-from pictures.svg import GREEN, INK, RED, RED_FILL, borrows, sequence, split, titled
+from pictures.svg import GREEN, RED, borrows, sequence, split, titled
 from scaffolding.kit import CLIENT_NAMES
 
 
@@ -37,23 +37,16 @@ def redis_rows(reads):
 
 
 def draw_redis_line_pool(runs):
-    svg, y = titled("Part three, scenarios 2 and 4: a pool in front of a real redis-server, framed by line and by RESP",
-                    "Redis answers GET with a bulk string, b'$5\\r\\nhello\\r\\n': a header line, "
-                    "then the value on a second line")
+    svg, y = titled("Part three, scenarios 2 and 4: a pool in front of a real redis-server, framed by line and by RESP")
     line_rows = redis_rows([e for e in runs["line_pool"] if isinstance(e, RedisRead)])
     bottom = borrows(svg, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
                      "the bytes read past it stay on the connection for the next borrower", None, line_rows)
     reads = [e for e in runs["resp_pool"] if isinstance(e, RedisRead)]
     # reads that each took one whole reply and nothing past it: Redis answering in order, each borrower's own
     right = sum(resp.reply_size(read.reply) == len(read.reply) and not read.rest for read in reads)
-    connections = len({read.connection for read in reads})
-    svg.text(16, bottom + 18, "FramedProxy, framing=RESP: the reply ends where its type byte and length say", 14, INK,
-             bold=True)
-    svg.text(16, bottom + 44, f"each of {len(reads)} borrows by {len({read.client for read in reads})} clients got "
-             f"its own whole reply {right}/{len(reads)}, over {connections} upstream connection", 13,
+    svg.text(16, bottom + 18, f"FramedProxy, framing=RESP: each of {len(reads)} borrows got its own whole reply "
+             f"{right}/{len(reads)}, over {len({read.connection for read in reads})} upstream connection", 14,
              GREEN if right == len(reads) else RED, bold=True)
-    drawn = sorted({owner for _, _, got, *_ in line_rows for owner, _, _ in got})   # only colours drawn
-    svg.legend(16, bottom + 80, [("red outline: bytes of another client's reply", RED_FILL, RED)], drawn, "reply")
     return svg
 
 
@@ -66,8 +59,7 @@ def call_of(line):
 def tagged_picture(events, *lines):
     """`lines` (the title first), then one TaggedClient's scenario as a sequence, a lane per call: each request
     sent, call given up and reply taken, as logged; a reply goes to the call its id names, red unless that call
-    returned it, or if it gave up, no further than the client. Then the ids in the order they went out and came
-    back, and the connections the tagged upstream opened."""
+    returned it, or if it gave up, no further than the client. Then the replies' ids in order, and connections."""
     returned = {call_of(e.line)[0]: e.outcome for e in events if isinstance(e, Returned)}
     rows = []
     for event in (e for e in events if isinstance(e, (TaggedSent, Returned, Got))):
@@ -88,11 +80,10 @@ def tagged_picture(events, *lines):
     lanes = {name: 100 + index * 130 for index, name in enumerate(names)}
     lanes.update(TaggedClient=lanes[names[-1]] + 150, TaggedUpstream=lanes[names[-1]] + 380)
     bottom = sequence(svg, top + 42, lanes, rows, lanes["TaggedUpstream"] + 70) + 28
-    sent = ", ".join(str(call_of(e.line)[0]) for e in events if isinstance(e, TaggedSent))
     got = ", ".join(str(call_of(e.line)[0]) for e in events if isinstance(e, Got))
     upstream = next(e.upstream for e in events if isinstance(e, Waited) and e.upstream.tagged)
-    svg.text(16, bottom, f"ids went out {sent}; replies came back {got}; connections opened: {upstream.connections}",
-             13, GREEN if upstream.connections == 1 else RED, bold=True)
+    svg.text(16, bottom, f"the replies' ids came back {got}; connections opened: {upstream.connections}", 13,
+             GREEN if upstream.connections == 1 else RED, bold=True)
     return svg
 
 
@@ -102,22 +93,18 @@ def draw_tagged_out_of_order(runs):
 
 def draw_head_of_line(runs):
     events = runs["slow_key"]
-    # whether a quick reply comes back before the next request is sent is the scheduler's
-    # choice: drawn in the log's order, the picture would change from run to run
+    # in the log's order the picture would vary: whether a quick reply beats the next request is the scheduler's
     requests_first = [e for e in events if not isinstance(e, Got)] + [e for e in events if isinstance(e, Got)]
     svg = tagged_picture(requests_first, "Part three, scenario 6: a slow key and the fast keys behind it",
-                         "with ids (TaggedClient, one connection, a thread per call): every request drawn first, "
-                         "then the replies in the order the client's reader took them")
+                         "with ids: every request drawn first, then the replies as the client's reader took them")
     # the twin's first wait: the demo's, for the fast replies to be ready while GET slow is held
     held = next(e for e in events if isinstance(e, Waited) and not e.upstream.tagged)
     y = svg.bottom + 44
-    svg.text(16, y, "without ids: the untagged twin, the four requests pipelined in order on one socket", 14, INK,
-             bold=True)
-    svg.text(16, y + 24, f"while GET slow was held: replies ready {held.ready}, written {held.replies}; then it "
-             "wrote them in order, each waiting behind GET slow:", 13, RED, bold=True)
+    svg.text(16, y, f"without ids, pipelined on one socket: while GET slow was held, replies ready {held.ready}, "
+             f"written {held.replies}; then, in order, behind it:", 13, RED, bold=True)
     x = 16
     for index, line in enumerate(held.upstream.written):
-        x += svg.bytes_box(x, y + 38, line.encode() + b"\n", None, wrong=index > 0) + 4
+        x += svg.bytes_box(x, y + 14, line.encode() + b"\n", None, wrong=index > 0) + 4
     return svg
 
 

@@ -45,7 +45,7 @@ RedisRead = namedtuple("RedisRead", "client request connection reply rest")   # 
 TaggedSent = namedtuple("TaggedSent", "line")   # on_event: a request about to be written, id and all
 Got = namedtuple("Got", "line")                 # on_event: the client's reader took a reply line
 Returned = namedtuple("Returned", "line outcome")   # call() returned bytes or raised (the class name); line: as sent
-Waited = namedtuple("Waited", "upstream ready replies")   # a TaggedUpstream's wait_<counter>() returned: its counts
+Waited = namedtuple("Waited", "upstream ready replies")   # a scenario's wait_<counter>() on a TaggedUpstream returned
 
 
 class Recorder(contextlib.ExitStack):
@@ -201,8 +201,7 @@ def record_part3():
         r.tap(tagged.TaggedClient, "__init__", after=lambda _, client, *a, **o: r.listen(client, heard))
         r.tap(tagged.TaggedClient, "call", after=lambda reply, *a: r.log(Returned(r.thread.sent, reply)),
               raised=lambda error, *a: r.log(Returned(r.thread.sent, type(error).__name__)))
-        r.tap(tagged.TaggedUpstream, "wait_until", after=lambda _, upstream, *a: r.log(Waited(
-            upstream, upstream.ready, upstream.replies)))   # on the scenario's thread, as its wait returns
+        r.tap(tagged.TaggedUpstream, "wait_until", after=lambda _, up, *a: r.log(Waited(up, up.ready, up.replies)))
         for scenario in (part3_demo.line_pool, part3_demo.resp_pool, part3_demo.out_of_order, part3_demo.slow_key,
                          part3_demo.late_reply):
             start = len(r.events)   # the scenario's threads are joined when it returns

@@ -12,7 +12,7 @@ import pytest
 from pictures import draw_part3 as pictures_part3
 from pictures import draw_wild
 from pictures.record import Got, RedisRead, Returned, TaggedSent, Waited, record_part3
-from part3 import tagged
+from part3 import resp, tagged
 from conftest import ROOT, need_redis, transcript_section
 from tcp_proxy import FramedProxy
 
@@ -113,7 +113,7 @@ def test_the_late_reply_recording_drops_id_1_after_its_call_gave_up_and_serves_i
     assert {e.upstream.connections for e in events if isinstance(e, Waited)} == {1}
 
 
-def test_the_redis_picture_has_a_legend_colour_only_for_owners_whose_bytes_it_draws(runs):
-    events = run_of(runs)[0]
-    svg = pictures_part3.draw_redis_line_pool(events).render()
-    assert ">A's reply</text>" in svg and ">B's reply</text>" in svg and ">C's reply</text>" not in svg
+def test_the_resp_pool_recording_has_28_reads_each_one_whole_reply_and_nothing_past_it_on_one_connection(runs):
+    reads = [e for e in run_of(runs)[0]["resp_pool"] if isinstance(e, RedisRead)]
+    assert [resp.reply_size(e.reply) == len(e.reply) and e.rest == b"" for e in reads] == [True] * 28
+    assert len({e.connection for e in reads}) == 1
