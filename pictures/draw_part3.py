@@ -97,7 +97,7 @@ def draw_head_of_line(runs):
     requests_first = [e for e in events if not isinstance(e, Got)] + [e for e in events if isinstance(e, Got)]
     svg = tagged_picture(requests_first, "Part three, scenario 6: a slow key and the fast keys behind it",
                          "with ids: every request drawn first, then the replies as the client's reader took them")
-    # the twin's first wait: the demo's, for the fast replies to be ready while GET slow is held
+    # the twin's first wait (its pause hook waits on none): the demo's, for 3 replies ready while GET slow is held
     held = next(e for e in events if isinstance(e, Waited) and not e.upstream.tagged)
     y = svg.bottom + 44
     svg.text(16, y, f"without ids, pipelined on one socket: while GET slow was held, replies ready {held.ready}, "

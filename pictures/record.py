@@ -45,7 +45,7 @@ RedisRead = namedtuple("RedisRead", "client request connection reply rest")   # 
 TaggedSent = namedtuple("TaggedSent", "line")   # on_event: a request about to be written, id and all
 Got = namedtuple("Got", "line")                 # on_event: the client's reader took a reply line
 Returned = namedtuple("Returned", "line outcome")   # call() returned bytes or raised (the class name); line: as sent
-Waited = namedtuple("Waited", "upstream ready replies")   # a scenario's wait_<counter>() on a TaggedUpstream returned
+Waited = namedtuple("Waited", "upstream ready replies")   # a wait on a TaggedUpstream returned (scenario's or hook's)
 
 
 class Recorder(contextlib.ExitStack):
