@@ -44,7 +44,7 @@ RedisRead = namedtuple("RedisRead", "client request connection reply rest")   # 
 TaggedSent = namedtuple("TaggedSent", "line")   # on_event: a request about to be written, id and all
 Got = namedtuple("Got", "line")                 # on_event: the client's reader took a reply line
 Returned = namedtuple("Returned", "line outcome")   # call() returned bytes or raised (the class name); line: as sent
-Counted = namedtuple("Counted", "source counter key")   # a TaggedClient's or TaggedUpstream's count(); key: see key_of
+Waited = namedtuple("Waited", "upstream ready replies")   # a wait on a TaggedUpstream returned (scenario's or hook's)
 
 
 class Recorder(contextlib.ExitStack):
@@ -189,9 +189,6 @@ def record_part3():
             r.note(sent=line)
         r.log(TaggedSent(line) if kind == "sent" else Got(line))
 
-    def counted(source, name, amount=1):
-        r.log(Counted(source, name, getattr(r.thread, "key", None)))
-
     events, printed = {}, ""
     with Recorder() as r:
         r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
@@ -199,9 +196,7 @@ def record_part3():
         r.tap(tagged.TaggedClient, "__init__", after=lambda _, client, *a, **o: r.listen(client, heard))
         r.tap(tagged.TaggedClient, "call", after=lambda reply, *a: r.log(Returned(r.thread.sent, reply)),
               raised=lambda error, *a: r.log(Returned(r.thread.sent, type(error).__name__)))
-        r.tap(tagged.TaggedClient, "count", before=counted)
-        r.tap(tagged.TaggedUpstream, "count", before=counted)
-        r.tap(tagged, "key_of", after=lambda key, line: r.note(key=key))   # on an upstream's request thread
+        r.tap(tagged.TaggedUpstream, "wait_until", after=lambda _, up, *a: r.log(Waited(up, up.ready, up.replies)))
         for scenario in (part3_demo.line_pool, part3_demo.resp_pool, part3_demo.out_of_order, part3_demo.slow_key,
                          part3_demo.late_reply):
             start = len(r.events)   # the scenario's threads are joined when it returns

@@ -11,8 +11,8 @@ import pytest
 
 from pictures import draw_part3 as pictures_part3
 from pictures import draw_wild
-from pictures.record import Counted, Got, RedisRead, Returned, TaggedSent, record_part3
-from part3 import tagged
+from pictures.record import Got, RedisRead, Returned, TaggedSent, Waited, record_part3
+from part3 import resp, tagged
 from conftest import ROOT, need_redis, transcript_section
 from tcp_proxy import FramedProxy
 
@@ -22,8 +22,8 @@ pytestmark = pytest.mark.xdist_group("test_pictures_part3")
 
 HERE = ROOT
 TAPPED = [(FramedProxy, "handle"), (FramedProxy, "exchange"), (FramedProxy, "read_reply"),
-          (tagged.TaggedClient, "__init__"), (tagged.TaggedClient, "call"), (tagged.TaggedClient, "count"),
-          (tagged.TaggedClient, "on_event"), (tagged.TaggedUpstream, "count"), (tagged, "key_of")]
+          (tagged.TaggedClient, "__init__"), (tagged.TaggedClient, "call"), (tagged.TaggedClient, "on_event"),
+          (tagged.TaggedUpstream, "wait_until")]
 SECTIONS = [   # the transcript sections the run that draws them prints
     "A pool that frames Redis replies by line: the tail goes to the next borrower",
     "The pool framed by RESP: 0 wrong",
@@ -97,29 +97,23 @@ def test_the_out_of_order_recording_has_ids_1_2_3_out_replies_3_1_2_back_and_eac
 def test_the_slow_key_recording_has_the_fast_replies_pass_it_with_ids_and_wait_behind_it_without(runs):
     events = run_of(runs)[0]["slow_key"]
     assert [tagged.parse_tagged(e.line)[0] for e in events if isinstance(e, Got)] == [2, 3, 4, 1]
-    untagged = [e for e in events if isinstance(e, Counted) and getattr(e.source, "tagged", None) is False]
-    first_write = next(index for index, e in enumerate(untagged) if e.counter == "replies")
-    assert sorted(e.key for e in untagged[:first_write] if e.counter == "ready") == ["a", "b", "c", "slow"]
-    assert list(untagged[0].source.written) == [
+    untagged = [e for e in events if isinstance(e, Waited) and not e.upstream.tagged]
+    assert [(e.ready, e.replies) for e in untagged] == [(3, 0), (4, 4)]   # while GET slow is held; at the end
+    assert list(untagged[0].upstream.written) == [
         "slow=SSSSSSSSSSSS", "a=AAAAAAAAAAAA", "b=BBBBBBBBBBBB", "c=CCCCCCCCCCCC"]
 
 
 def test_the_late_reply_recording_drops_id_1_after_its_call_gave_up_and_serves_ids_2_and_3(runs):
     events = run_of(runs)[0]["late_reply"]
-    def shown(e):
-        return ("Counted", type(e.source).__name__, e.counter) if isinstance(e, Counted) else (type(e).__name__, *e)
-
-    assert [shown(e) for e in events if isinstance(e, (TaggedSent, Got))
-            or isinstance(e, Returned) and isinstance(e.outcome, str)
-            or isinstance(e, Counted) and e.counter == "dropped"] == [
+    assert [(type(e).__name__, *e) for e in events if isinstance(e, (TaggedSent, Got, Returned))] == [
         ("TaggedSent", b"1 GET slow\n"), ("Returned", b"1 GET slow\n", "CallTimeout"),
-        ("TaggedSent", b"2 GET next\n"), ("Got", b"1 slow=SSSSSSSSSSSS"), ("Counted", "TaggedClient", "dropped"),
-        ("Got", b"2 next=NNNNNNNNNNNN"), ("TaggedSent", b"3 GET after\n"), ("Got", b"3 after=AAAAAAAAAAAA")]
-    assert [type(e.source) for e in events if isinstance(e, Counted) and e.counter == "connections"] == [
-        tagged.TaggedUpstream]
+        ("TaggedSent", b"2 GET next\n"), ("Got", b"1 slow=SSSSSSSSSSSS"), ("Got", b"2 next=NNNNNNNNNNNN"),
+        ("Returned", b"2 GET next\n", b"next=NNNNNNNNNNNN\n"), ("TaggedSent", b"3 GET after\n"),
+        ("Got", b"3 after=AAAAAAAAAAAA"), ("Returned", b"3 GET after\n", b"after=AAAAAAAAAAAA\n")]
+    assert {e.upstream.connections for e in events if isinstance(e, Waited)} == {1}
 
 
-def test_the_redis_picture_has_a_legend_colour_only_for_owners_whose_bytes_it_draws(runs):
-    events = run_of(runs)[0]
-    svg = pictures_part3.draw_redis_line_pool(events).render()
-    assert ">A's reply</text>" in svg and ">B's reply</text>" in svg and ">C's reply</text>" not in svg
+def test_the_resp_pool_recording_has_28_reads_each_one_whole_reply_and_nothing_past_it_on_one_connection(runs):
+    reads = [e for e in run_of(runs)[0]["resp_pool"] if isinstance(e, RedisRead)]
+    assert [resp.reply_size(e.reply) == len(e.reply) and e.rest == b"" for e in reads] == [True] * 28
+    assert len({e.connection for e in reads}) == 1
