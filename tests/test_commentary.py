@@ -25,6 +25,7 @@ The rules the tests enforce, written for the merged file as much as for Part one
 
     python3 test_commentary.py    prints how many slices the tests check
 """
+import functools
 import inspect
 import os
 import re
@@ -200,6 +201,7 @@ def code_lines_of(thing):
         os.unlink(copy.name)
 
 
+@functools.cache   # four tests read it; the tree does not change during a run
 def figures():
     """Every phrase in which the commentary states a figure about the code, built
     here from the code, the demo, the tests or the line counter, never typed in.

@@ -5,7 +5,13 @@ import ast
 import functools
 import subprocess
 
+import pytest
+
 from conftest import ROOT
+
+# One worker runs all of these under `make test`'s --dist loadgroup: graph() (every module
+# parsed, 0.6 s) is cached per process, so it runs once per worker that needs it.
+pytestmark = pytest.mark.xdist_group("test_house")
 
 LESSON = {"tcp_proxy", "part2.managed", "part3.resp", "part3.tagged"}
 TOP_LEVEL = {"tcp_proxy.py", "demo.py", "test_tcp_proxy.py", "COMMENTARY.md", "README.md", "Makefile",
