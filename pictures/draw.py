@@ -157,19 +157,15 @@ def streams(lent, replies):
 def pool_panel(svg, y, rule, note, lent, replies, shown):
     """A trial's first `shown` borrows through svg.borrows, a piece wrong if it answers another request
     or none; returns the bottom."""
-    written = streams(lent, replies)
     taken = {connection: iter(split(chunks, [len(b.reply) for b in lent if b.connection == connection]))
-             for connection, chunks in written.items()}   # each borrower reads on where the last one stopped
-    strip, rows = [], []
+             for connection, chunks in streams(lent, replies).items()}   # each borrower reads on where the last stopped
+    rows = []
     for b in lent[:shown]:
-        pieces = next(taken[b.connection])
-        got = [(owner, piece, k != b.k) for (owner, k), piece in pieces]
-        strip += [(owner, piece, wrong, b.client) for owner, piece, wrong in got]
+        got = [(owner, piece, k != b.k) for (owner, k), piece in next(taken[b.connection])]
         after = ("read on after its first part; " if b.partial else "") + CHECKINS[b.outcome]
         right = b.reply == answer_to(b.request)
         rows.append((b.client, b.request, got, "right" if right else "wrong", GREEN if right else RED, after))
-    caption = "its one upstream connection's stream, as written: each borrower reads on where the last stopped"
-    return borrows(svg, y, rule, note, len(written) == 1 and (caption, strip), rows)
+    return borrows(svg, y, rule, note, rows)
 
 
 def draw_release(recorder):

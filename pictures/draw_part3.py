@@ -40,7 +40,7 @@ def draw_redis_line_pool(runs):
     svg, y = titled("Part three, scenarios 2 and 4: a pool in front of a real redis-server, framed by line and by RESP")
     line_rows = redis_rows([e for e in runs["line_pool"] if isinstance(e, RedisRead)])
     bottom = borrows(svg, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
-                     "the bytes read past it stay on the connection for the next borrower", None, line_rows)
+                     "the bytes read past it stay on the connection for the next borrower", line_rows)
     reads = [e for e in runs["resp_pool"] if isinstance(e, RedisRead)]
     # reads that each took one whole reply and nothing past it: Redis answering in order, each borrower's own
     right = sum(resp.reply_size(read.reply) == len(read.reply) and not read.rest for read in reads)

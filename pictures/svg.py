@@ -172,29 +172,15 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
     return bottom
 
 
-def borrows(svg, top, rule, note, strip, rows, left=16):
+def borrows(svg, top, rule, note, rows, left=16):
     """A pool's borrows as steps, from `top`; returns the bottom.
 
-    The rule and a note; then, if `strip` is (caption, pieces), one connection's stream as written, each
-    piece (owner, bytes, wrong, taker) above the borrower that took it; then a row per borrow (client,
-    request, got, verdict, tone, after): what it sent, the pieces (owner, bytes, wrong) it got, its verdict
-    and what became of the connection. Bytes are in the colour of the client whose request they answer,
-    outlined red where they answer another request, or none."""
+    The rule and a note, then a row per borrow (client, request, got, verdict, tone, after): what it sent, the
+    pieces (owner, bytes, wrong) it got, its verdict and what became of the connection. Bytes are in the colour
+    of the client whose request they answer, outlined red where they answer another request, or none."""
     svg.text(left, top, rule, 14, INK, bold=True)
     svg.text(left, top + 18, note, 12, MUTED)
     y = top + 46
-    if strip:
-        caption, pieces = strip
-        svg.text(left, y, caption, 12, MUTED)
-        y += 10
-        x = left
-        for owner, data, wrong, taker in pieces:
-            width = svg.bytes_box(x, y, data, owner, 13, wrong=wrong)
-            tone = RED if wrong else colours(taker)[1]
-            svg.text(x + width / 2, y + 42, f"to {taker}", 12, tone, anchor="middle", bold=wrong)
-            svg.line(x + width / 2, y + 26, x + width / 2, y + 30, tone, 1.5)
-            x += width + 4
-        y += 76
     request_width = max(len(visible(row[1])) for row in rows)
     for client, request, got, verdict, tone, after in rows:
         label = f"{client} sent {visible(request):<{request_width}}"

@@ -13,6 +13,7 @@ import demo
 from part2 import managed
 from pictures import draw as pictures
 from pictures.record import Attempt, Disabled, Forwarded, SetCall, Step
+from pictures.svg import visible
 from conftest import ROOT, transcript_section
 from scaffolding import faults, kit
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
@@ -179,12 +180,15 @@ def test_the_release_picture_stacks_its_trials_no_wider_than_the_other_pictures(
     assert svg_width(svgs["release.svg"]) < 1200
 
 
-def test_the_dishonest_picture_shows_trustingpools_stream_as_one_queue_each_borrower_taking_the_next_line(runs):
-    svg = pictures.render_all(runs[0])["dishonest.svg"]
-    sent = re.findall(r">(\w) sent (GET \w+)\\n</text>", svg)   # TrustingPool's rows, then FramedProxy's
-    assert re.findall(r">to (\w)</text>", svg) == ["A", "B"] * 3   # the one stream: who took each line, in turn
-    assert sent[:6] == sent[6:] == [("A", "GET alpha1"), ("B", "GET bravo1"), ("A", "GET alpha2"),
-                                    ("B", "GET bravo2"), ("A", "GET alpha3"), ("B", "GET bravo3")]
+def test_the_dishonest_picture_shows_each_trustingpool_borrower_after_the_first_taking_the_line_past_the_last(runs):
+    written = pictures.trials(runs[0]["dishonest.svg"][0])["TrustingPool"][1]   # 6 writes of a reply and EXTRA
+    shown = re.findall(r">([^<]*)</text>", pictures.render_all(runs[0])["dishonest.svg"])
+    rows = []   # TrustingPool's rows: the boxes each borrower got, drawn between "got" and its verdict
+    for start in [index + 1 for index, text in enumerate(shown) if text == "got"][:6]:
+        rows.append(shown[start:next(i for i in range(start, len(shown)) if shown[i] in ("right", "wrong"))])
+    lines = b"".join(e.data for e in written).splitlines(keepends=True)
+    assert rows == [[visible(line)] for line in lines[:6]]   # one line each, the one past the last borrower's
+    assert [row[0] for row in rows[1::2]] == ["EXTRA\\n"] * 3
 
 
 def test_the_failover_picture_tries_a_only_as_each_window_ends_and_says_so(runs):
