@@ -139,32 +139,25 @@ def tally(lent):
     return right, others, dirty, len({b.connection for b in lent}), len(lent)
 
 
-def streams(lent, replies):
-    """{connection: its stream as written, [((owner, k), bytes)]}: its n-th reply answers its n-th borrow,
-    the bytes past that answer are nobody's, and a reply split in two is two chunks."""
-    found = {}
-    for connection in dict.fromkeys(b.connection for b in lent):
-        chunks = found[connection] = []
-        for b, reply in zip([b for b in lent if b.connection == connection],
-                            [e for e in replies if e.connection == connection]):
-            end = len(answer_to(b.request))
-            cuts = [(b.client, b.k)] * 2 + [(NOBODY, None)]
-            parts = [reply.data[:reply.split_at], reply.data[reply.split_at:end], reply.data[end:]]
-            chunks += [(owner, data) for owner, data in zip(cuts, parts) if data]
-    return found
-
-
 def pool_panel(svg, y, rule, note, lent, replies, shown):
-    """A trial's first `shown` borrows through svg.borrows, a piece wrong if it answers another request
-    or none; returns the bottom."""
-    taken = {connection: iter(split(chunks, [len(b.reply) for b in lent if b.connection == connection]))
-             for connection, chunks in streams(lent, replies).items()}   # each borrower reads on where the last stopped
+    """A trial's first `shown` borrows through svg.borrows; returns the bottom. Each connection's stream as
+    written is cut where each borrower's read ended, as each reads on where the last stopped: its n-th reply
+    answers its n-th borrow, the bytes past that answer are nobody's, a reply split in two is two pieces, and
+    a piece is wrong if it answers another request or none."""
+    got = {}   # a borrow -> the (owner, bytes, wrong) pieces it read
+    for connection in dict.fromkeys(b.connection for b in lent):
+        on_it = [b for b in lent if b.connection == connection]
+        chunks = []   # (the borrow whose answer they are, or None, bytes), as the upstream wrote them
+        for b, reply in zip(on_it, [e for e in replies if e.connection == connection]):
+            end = len(answer_to(b.request))
+            parts = [reply.data[:reply.split_at], reply.data[reply.split_at:end], reply.data[end:]]
+            chunks += [(owner, data) for owner, data in zip([b, b, None], parts) if data]
+        for b, pieces in zip(on_it, split(chunks, [len(b.reply) for b in on_it])):
+            got[b] = [(owner.client if owner else NOBODY, piece, owner is not b) for owner, piece in pieces]
     rows = []
     for b in lent[:shown]:
-        got = [(owner, piece, k != b.k) for (owner, k), piece in next(taken[b.connection])]
-        after = ("read on after its first part; " if b.partial else "") + CHECKINS[b.outcome]
-        right = b.reply == answer_to(b.request)
-        rows.append((b.client, b.request, got, "right" if right else "wrong", GREEN if right else RED, after))
+        verdict, tone = ("right", GREEN) if b.reply == answer_to(b.request) else ("wrong", RED)
+        rows.append((b.client, b.request, got[b], verdict, tone, CHECKINS[b.outcome]))
     return borrows(svg, y, rule, note, rows)
 
 

@@ -27,9 +27,8 @@ Received = namedtuple("Received", "client data")        # what a demo client rea
 # the upstream writes a reply on a connection, after its gate, its first split_at bytes first
 Replied = namedtuple("Replied", "connection data gate split_at")
 Trial = namedtuple("Trial", "label")   # a trial begins: its borrows are counted, its connections numbered, from 1
-# the k-th borrow returned the reply: its connection, its checkin's outcome, whether it read on after part
-# of the reply, and the timeout rule's silence (else None)
-Borrow = namedtuple("Borrow", "k client request reply connection outcome partial silence")
+# the k-th borrow returned the reply: its connection, its checkin's outcome, the timeout rule's silence (else None)
+Borrow = namedtuple("Borrow", "k client request reply connection outcome silence")
 # Part two (record_managed): what on_event hears, one type per kind drawn, and taps for what it does not say.
 # Step: on_event "sent", "timed out" (data: the request) or "reply" (oldest: the oldest call owed then,
 # a managed.Call, whose request and abandoned no later step changes)
@@ -142,13 +141,11 @@ def record_part_one(scenario, trial_function=None, label_of=None):
             r.peer(c) for c in (proxy.clients if proxy.routing == "broadcast" else [proxy.last]) if c))))
         r.tap(Upstream, "reply", before=lambda up, conn, data: r.log(Replied(
             number(conn.getpeername()), data, up.gate, up.split_at or 0)))
-        r.tap(FramedProxy, "checkout", after=lambda sock, proxy: r.note(k=next(trial["borrows"]), partial=False))
-        r.tap(FramedProxy, "count", before=lambda proxy, name, amount=1: r.note(
-            partial=getattr(r.thread, "partial", False) or name == "partial_replies"))
+        r.tap(FramedProxy, "checkout", after=lambda sock, proxy: r.note(k=next(trial["borrows"])))
         r.tap(FramedProxy, "checkin", before=lambda proxy, sock, outcome: r.note(
             outcome=outcome, connection=number(sock.getsockname())))
         r.tap(FramedProxy, "exchange", after=lambda reply, proxy, request: r.log(Borrow(
-            r.thread.k, r.thread.client, request, reply, r.thread.connection, r.thread.outcome, r.thread.partial,
+            r.thread.k, r.thread.client, request, reply, r.thread.connection, r.thread.outcome,
             proxy.release_timeout if proxy.release == "timeout" else None)))
         printed = run_quietly(scenario)
     return r, printed

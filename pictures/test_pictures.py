@@ -23,7 +23,7 @@ from tcp_proxy import FramedProxy, NaiveProxy, Upstream
 pytestmark = pytest.mark.xdist_group("test_pictures")
 
 HERE = ROOT
-TAPPED = [(NaiveProxy, "forward"), (NaiveProxy, "route"), (FramedProxy, "checkout"), (FramedProxy, "count"),
+TAPPED = [(NaiveProxy, "forward"), (NaiveProxy, "route"), (FramedProxy, "checkout"),
           (FramedProxy, "exchange"), (FramedProxy, "checkin"), (Upstream, "reply"), (Upstream, "__init__"),
           (kit.Client, "__init__"), (kit.Client, "send"), (managed.ManagedClient, "__init__"),
           (managed.ManagedSet, "call"),
@@ -70,13 +70,13 @@ def test_all_the_scenarios_behind_the_pictures_run_in_under_six_seconds(runs):
 def test_the_recorder_puts_every_method_back(runs):
     _, _, before, after = runs
     assert after == before
-    assert before[(Upstream, "__init__")] is not None and before[(FramedProxy, "count")] is None   # inherited
+    assert before[(Upstream, "__init__")] is not None   # an own method put back (an inherited one: Part three's)
 
 
 def test_the_recorder_taps_no_private_method_and_no_socket():
     source = (HERE / "pictures" / "record.py").read_text(encoding="utf-8")
     tapped = re.findall(r"\.tap\((?:[\w.]+), \"(\w+)\"", source)
-    assert len(tapped) > 20 and not [name for name in tapped if name.startswith("_") and not name.endswith("__")]
+    assert len(tapped) > 15 and not [name for name in tapped if name.startswith("_") and not name.endswith("__")]
     assert "socket" not in re.findall(r"\.tap\(([\w.]+),", source)
     assert vars(socket.socket).get("sendall") is None
 
