@@ -42,11 +42,13 @@ def draw_redis_line_pool(runs):
     bottom = borrows(svg, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
                      "the bytes read past it stay on the connection for the next borrower", line_rows)
     reads = [e for e in runs["resp_pool"] if isinstance(e, RedisRead)]
-    # reads that each took one whole reply and nothing past it: Redis answering in order, each borrower's own
-    right = sum(resp.reply_size(read.reply) == len(read.reply) and not read.rest for read in reads)
-    svg.text(16, bottom + 18, f"FramedProxy, framing=RESP: each of {len(reads)} borrows got its own whole reply "
-             f"{right}/{len(reads)}, over {len({read.connection for read in reads})} upstream connection", 14,
-             GREEN if right == len(reads) else RED, bold=True)
+    # a read that took one whole reply and nothing past it: Redis answering in order, the borrower's own
+    whole = [resp.reply_size(read.reply) == len(read.reply) and not read.rest for read in reads]
+    crowd = [ok for read, ok in zip(reads, whole) if read.via != reads[0].via]   # the clients that came after A
+    svg.text(16, bottom + 18, f"FramedProxy, framing=RESP: {reads[0].client}'s {len(reads) - len(crowd)} requests, "
+             f"then {len(crowd)} GETs from {len({read.via for read in reads}) - 1} clients at once: each its own "
+             f"whole reply, {sum(crowd)}/{len(crowd)}, over {len({read.connection for read in reads})} upstream "
+             "connection", 13, GREEN if all(whole) else RED, bold=True)
     return svg
 
 

@@ -39,7 +39,8 @@ ON_EVENT = {"sent": Step, "timed out": Step, "reply": Step, "attempt": Attempt, 
 SetCall = namedtuple("SetCall", "t request")   # ManagedSet.call() begins
 Service = namedtuple("Service", "kind t addr")   # a FaultyUpstream stopped or restarted, at the set's clock's time
 # Part three (record_part3), kept per scenario
-RedisRead = namedtuple("RedisRead", "client request connection reply rest")   # read_reply() returned, on an address
+# read_reply() returned, on an upstream address, for a client (by name, and by address: two may share a name)
+RedisRead = namedtuple("RedisRead", "client via request connection reply rest")
 TaggedSent = namedtuple("TaggedSent", "line")   # on_event: a request about to be written, id and all
 Got = namedtuple("Got", "line")                 # on_event: the client's reader took a reply line
 Returned = namedtuple("Returned", "line outcome")   # call() returned bytes or raised (the class name); line: as sent
@@ -189,7 +190,7 @@ def record_part3():
     events, printed = {}, ""
     with Recorder() as r:
         r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
-            r.thread.client, r.thread.request, sock.getsockname(), *result)))
+            r.thread.client, r.thread.conn.getpeername(), r.thread.request, sock.getsockname(), *result)))
         r.tap(tagged.TaggedClient, "__init__", after=lambda _, client, *a, **o: r.listen(client, heard))
         r.tap(tagged.TaggedClient, "call", after=lambda reply, *a: r.log(Returned(r.thread.sent, reply)),
               raised=lambda error, *a: r.log(Returned(r.thread.sent, type(error).__name__)))

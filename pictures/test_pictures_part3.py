@@ -113,7 +113,8 @@ def test_the_late_reply_recording_drops_id_1_after_its_call_gave_up_and_serves_i
     assert {e.upstream.connections for e in events if isinstance(e, Waited)} == {1}
 
 
-def test_the_resp_pool_recording_has_28_reads_each_one_whole_reply_and_nothing_past_it_on_one_connection(runs):
+def test_the_resp_pool_recording_has_as_4_reads_then_24_from_8_clients_each_one_whole_reply_on_one_connection(runs):
     reads = [e for e in run_of(runs)[0]["resp_pool"] if isinstance(e, RedisRead)]
+    assert [len({e.via for e in part}) for part in (reads[:4], reads[4:], reads)] == [1, 8, 9]   # the transcript's 24
     assert [resp.reply_size(e.reply) == len(e.reply) and e.rest == b"" for e in reads] == [True] * 28
     assert len({e.connection for e in reads}) == 1
