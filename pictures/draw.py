@@ -163,18 +163,15 @@ def pool_panel(svg, y, rule, note, lent, replies, shown):
 
 def draw_release(recorder):
     svg, y = titled("Scenario 6: a reply written in two parts with a pause between, pool cap 1",
-                    "two trials of its paused-reply row: the framed rule above, the timeout rule below",
-                    "the clients send in name order, each once the one before has the connection")
+                    "two trials of its paused-reply row: the framed rule above, the timeout rule below")
     shown = 3   # borrows drawn per trial; the note says how many it made
     for release in ("framed", "timeout"):
         lent, replies = trials(recorder)[release, True]
         rule = (f'release="timeout": it goes back after {lent[0].silence}s of silence' if lent[0].silence
                 else 'release="framed": the connection goes back after the reply\'s \\n')
         right, *_, total = tally(lent)
-        note = f"the first {shown} of its {total} borrows; the upstream pauses after each reply's first part"
-        y = pool_panel(svg, y + 10, rule, note, lent, replies, shown) + 4
-        svg.text(16, y, f"right: {right}/{total}", 13, GREEN if right == total else RED, bold=True)
-        y += 40
+        note = f"right {right}/{total}, the first {shown} drawn; the upstream pauses after each reply's first part"
+        y = pool_panel(svg, y + 10, rule, note, lent, replies, shown) + 30
     svg.legend(16, y, [("red outline: bytes of another client's answer", "#ffffff", RED)], owners="ABC")
     return svg
 
