@@ -68,16 +68,15 @@ def draw_interleave(recorder):
         svg.rect(left + position * CELL, y, CELL, 36, INK if newline else fill, stroke, 1)
         svg.text(left + (position + 0.5) * CELL, y + 24, label, 13 if newline else 14, "#ffffff" if newline else INK,
                  "middle", bold=newline)
-    svg.text(left, y + 54, "\u2423 is a space; each \\n ends a request for the upstream", 12, MUTED)
     start = 0
     for index, (line, senders) in enumerate(request_owners(recorder)):   # a line under each request
         x1, x2 = left + start * CELL + 2, left + (start + len(line) + 1) * CELL - 2
         sent = len(senders) == 1 and line.encode() in lines_sent(recorder, senders[0])
         tone = INK if sent else RED
-        svg.line(x1, y + 84, x2, y + 84, tone, 2.5)
-        svg.text(x1 + 2, y + 104, f"request {index + 1}: '{line}'", 13, tone, bold=True)
+        svg.line(x1, y + 60, x2, y + 60, tone, 2.5)
+        svg.text(x1 + 2, y + 80, f"request {index + 1}: '{line}'", 13, tone, bold=True)
         start += len(line) + 1
-    svg.legend(left, y + 138, [("\\n", INK, INK), ("red: a request nobody sent", "#ffffff", RED)], owners="AB")
+    svg.legend(left, y + 114, [("\\n", INK, INK), ("red: a request nobody sent", "#ffffff", RED)], owners="AB")
     return svg
 
 
