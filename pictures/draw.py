@@ -249,16 +249,15 @@ def draw_failover(recorder):
     for second in range(int(end) + 1):
         svg.line(x_of(second), top - 4, x_of(second), top + 4, INK, 1.5)
         svg.text(x_of(second), top - 10, f"{second}s", 12, INK, "middle")
-    stops = [e for e in events if isinstance(e, Service) and e.kind == "stopped"]
-    restarts = [e for e in events if isinstance(e, Service) and e.kind == "restarted"]
-    for stop, restart in zip(stops, restarts):   # a service's life: stopped, then running again
-        svg.text(16, top + 40, f"{name[stop.addr]}, the upstream", 12, INK, bold=True)
-        svg.rect(x_of(stop.t), top + 26, (restart.t - stop.t) * SECOND, 18, *colours(None))
-        svg.text(x_of(stop.t) + 6, top + 40, "stopped: refuses connections", 11, MUTED)
-        calls_before = [e.t for e in events[:events.index(restart)] if isinstance(e, SetCall)]
-        after = ", after that call" if calls_before and calls_before[-1] == restart.t else ""
-        svg.text(x_of(restart.t) + 6, top + 40, f"restarted at t={restart.t}s{after}", 11, GREEN, bold=True)
-    top += 36 if restarts else 0
+    # A's life: stopped, then running again (then both close as the scenario ends)
+    stop, restart = [e for e in events if isinstance(e, Service)][:2]
+    svg.text(16, top + 40, f"{name[stop.addr]}, the upstream", 12, INK, bold=True)
+    svg.rect(x_of(stop.t), top + 26, (restart.t - stop.t) * SECOND, 18, *colours(None))
+    svg.text(x_of(stop.t) + 6, top + 40, "stopped: refuses connections", 11, MUTED)
+    calls_before = [e.t for e in events[:events.index(restart)] if isinstance(e, SetCall)]
+    after = ", after that call" if calls_before and calls_before[-1] == restart.t else ""
+    svg.text(x_of(restart.t) + 6, top + 40, f"restarted at t={restart.t}s{after}", 11, GREEN, bold=True)
+    top += 36
     svg.text(16, top + 44, " and ".join(dict.fromkeys(name[e.service] for e in windows)) + " disabled", 12, RED,
              bold=True)
     for window in windows:   # each window the cache opened, as long as it lasted
