@@ -16,7 +16,7 @@ from pathlib import Path
 import demo
 from part2 import managed_demo
 from pictures.record import (Attempt, Borrow, Disabled, Forwarded, Received, Replied, Routed, Sent, Service,
-                             SetCall, Step, Trial, record_managed, record_part_one)
+                             SetCall, Step, record_managed, record_part_one)
 from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, borrows, colours, sequence, split, titled, visible
 from scaffolding.kit import CLIENT_NAMES
 from tcp_proxy import answer
@@ -119,15 +119,9 @@ CHECKINS = {"released": "then checkin", "dirty": "then closed as dirty", "discar
 
 def trials(recorder):
     """{trial label: (its borrows in the order they were lent, the upstream's replies)}."""
-    found = {}
-    for e in recorder.events:
-        if isinstance(e, Trial):
-            lent, replies = found[e.label] = ([], [])
-        elif isinstance(e, Borrow):
-            lent.append(e)
-        elif isinstance(e, Replied):
-            replies.append(e)
-    return {label: (sorted(lent, key=lambda b: b.k), replies) for label, (lent, replies) in found.items()}
+    return {label: (sorted([b for b in recorder.of(Borrow) if b.trial == label], key=lambda b: b.k),
+                    [e for e in recorder.of(Replied) if e.trial == label])
+            for label in dict.fromkeys(b.trial for b in recorder.of(Borrow))}
 
 
 def tally(lent):

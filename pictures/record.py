@@ -24,11 +24,11 @@ Sent = namedtuple("Sent", "client data")             # a demo client's send()
 Forwarded = namedtuple("Forwarded", "client data")   # a chunk NaiveProxy wrote upstream, and whose it was (now `last`)
 Routed = namedtuple("Routed", "data routing targets")   # a chunk route() read, its rule, the clients it goes to
 Received = namedtuple("Received", "client data")        # what a demo client read to EOF
-# the upstream writes a reply on a connection, after its gate, its first split_at bytes first
-Replied = namedtuple("Replied", "connection data gate split_at")
-Trial = namedtuple("Trial", "label")   # a trial begins: its borrows are counted, its connections numbered, from 1
-# the k-th borrow returned the reply: its connection, its checkin's outcome, the timeout rule's silence (else None)
-Borrow = namedtuple("Borrow", "k client request reply connection outcome silence")
+# in a trial (its label, else None) the upstream writes a reply on a connection (from 1 in each trial), after
+# its gate, its first split_at bytes first; the trial's k-th borrow returned the reply: its connection, its
+# checkin's outcome, the timeout rule's silence (else None)
+Replied = namedtuple("Replied", "trial connection data gate split_at")
+Borrow = namedtuple("Borrow", "trial k client request reply connection outcome silence")
 # Part two (record_managed): what on_event hears, one type per kind drawn, and taps for what it does not say.
 # Step: on_event "sent", "timed out" (data: the request) or "reply" (oldest: the oldest call owed then,
 # a managed.Call, whose request and abandoned no later step changes)
@@ -123,11 +123,11 @@ def run_quietly(scenario):
 def record_part_one(scenario, trial_function=None, label_of=None):
     """A scenario of demo.py, each trial of it (trial_function, named by label_of(its
     arguments)) apart: (Recorder, what it printed)."""
-    trial = {"borrows": itertools.count(1), "numbers": {}}   # this trial's: an upstream connection's address -> 1, 2
+    # this trial's: its label, its borrows' count, an upstream connection's address -> 1, 2
+    trial = {"label": None, "borrows": itertools.count(1), "numbers": {}}
 
     def begin(*args):
-        trial.update(borrows=itertools.count(1), numbers={})
-        r.log(Trial(label_of(*args)))
+        trial.update(label=label_of(*args), borrows=itertools.count(1), numbers={})
 
     def number(address):
         return trial["numbers"].setdefault(address, len(trial["numbers"]) + 1)
@@ -141,12 +141,12 @@ def record_part_one(scenario, trial_function=None, label_of=None):
         r.tap(NaiveProxy, "route", before=lambda proxy, data: r.log(Routed(data, proxy.routing, sorted(
             r.peer(c) for c in (proxy.clients if proxy.routing == "broadcast" else [proxy.last]) if c))))
         r.tap(Upstream, "reply", before=lambda up, conn, data: r.log(Replied(
-            number(conn.getpeername()), data, up.gate, up.split_at or 0)))
+            trial["label"], number(conn.getpeername()), data, up.gate, up.split_at or 0)))
         r.tap(FramedProxy, "checkout", after=lambda sock, proxy: r.note(k=next(trial["borrows"])))
         r.tap(FramedProxy, "checkin", before=lambda proxy, sock, outcome: r.note(
             outcome=outcome, connection=number(sock.getsockname())))
         r.tap(FramedProxy, "exchange", after=lambda reply, proxy, request: r.log(Borrow(
-            r.thread.k, r.thread.client, request, reply, r.thread.connection, r.thread.outcome,
+            trial["label"], r.thread.k, r.thread.client, request, reply, r.thread.connection, r.thread.outcome,
             proxy.release_timeout if proxy.release == "timeout" else None)))
         printed = run_quietly(scenario)
     return r, printed
