@@ -114,7 +114,6 @@ def draw_headline(recorder):
 # --- Part one's pools, borrow by borrow: release.svg and dishonest.svg ------------------------
 
 NOBODY = "nobody"   # the owner of bytes no request asked for
-CHECKINS = {"released": "then checkin", "dirty": "then closed as dirty", "discarded": "then closed"}
 
 
 def trials(recorder):
@@ -150,7 +149,7 @@ def pool_panel(svg, y, rule, note, lent, replies, shown):
     rows = []
     for b in lent[:shown]:
         verdict, tone = ("right", GREEN) if b.reply == answer_to(b.request) else ("wrong", RED)
-        rows.append((b.client, b.request, got[b], verdict, tone, CHECKINS[b.outcome]))
+        rows.append((b.client, b.request, got[b], verdict, tone))
     return borrows(svg, y, rule, note, rows)
 
 

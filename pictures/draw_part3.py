@@ -32,7 +32,7 @@ def redis_rows(reads):
         else:
             verdict = "cut: only the first line of its reply"
         got = [(owner, data, owner != read.client) for owner, data in took]
-        rows.append((read.client, read.request, got, verdict, GREEN if verdict == "its whole reply" else RED, ""))
+        rows.append((read.client, read.request, got, verdict, GREEN if verdict == "its whole reply" else RED))
     return rows
 
 

@@ -175,14 +175,14 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
 def borrows(svg, top, rule, note, rows, left=16):
     """A pool's borrows as steps, from `top`; returns the bottom.
 
-    The rule and a note, then a row per borrow (client, request, got, verdict, tone, after): what it sent, the
-    pieces (owner, bytes, wrong) it got, its verdict and what became of the connection. Bytes are in the colour
-    of the client whose request they answer, outlined red where they answer another request, or none."""
+    The rule and a note, then a row per borrow (client, request, got, verdict, tone): what it sent, the pieces
+    (owner, bytes, wrong) it got and its verdict. Bytes are in the colour of the client whose request they
+    answer, outlined red where they answer another request, or none."""
     svg.text(left, top, rule, 14, INK, bold=True)
     svg.text(left, top + 18, note, 12, MUTED)
     y = top + 46
     request_width = max(len(visible(row[1])) for row in rows)
-    for client, request, got, verdict, tone, after in rows:
+    for client, request, got, verdict, tone in rows:
         label = f"{client} sent {visible(request):<{request_width}}"
         svg.text(left, y, label, 13, INK)
         x = left + text_width(label, 13) + 8
@@ -191,8 +191,6 @@ def borrows(svg, top, rule, note, rows, left=16):
         for owner, data, wrong in got:
             x += svg.bytes_box(x, y - 17, data, owner, 13, wrong=wrong) + 2
         svg.text(x + 10, y, verdict, 13, tone, bold=True)
-        if after:
-            svg.text(x + 20 + text_width(verdict, 13), y, after, 12, MUTED)
         y += 32
     return y
 

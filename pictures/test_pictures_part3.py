@@ -79,7 +79,7 @@ def test_the_line_pool_recording_shows_the_tail_of_as_reply_delivered_to_b(runs)
     events = run_of(runs)[0]["line_pool"]
     reads = [e for e in events if isinstance(e, RedisRead)]
     assert [(e.client, e.reply) for e in reads] == [("A", b"$5\r\n"), ("B", b"hello\r\n"), ("C", b"$5\r\n")]
-    assert [got for _, _, got, _, _, _ in pictures_part3.redis_rows(reads)] == [   # (whose reply, bytes, wrong)
+    assert [got for _, _, got, _, _ in pictures_part3.redis_rows(reads)] == [   # (whose reply, bytes, wrong)
         [("A", b"$5\r\n", False)], [("A", b"hello\r\n", True)], [("B", b"$5\r\n", True)]]
 
 
