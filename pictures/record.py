@@ -24,8 +24,8 @@ Sent = namedtuple("Sent", "client data")             # a demo client's send()
 Forwarded = namedtuple("Forwarded", "client data")   # a chunk NaiveProxy wrote upstream, and whose it was (now `last`)
 Routed = namedtuple("Routed", "data routing targets")   # a chunk route() read, its rule, the clients it goes to
 Received = namedtuple("Received", "client data")        # what a demo client read to EOF
-# in a trial (its label, else None) the upstream writes a reply on a connection (from 1 in each trial), after
-# its gate, its first split_at bytes first; the trial's k-th borrow returned the reply: its connection, its
+# in a trial (its label, else None) the upstream writes a reply on a connection (its address, never shown),
+# after its gate, its first split_at bytes first; the k-th borrow returned the reply: its connection, its
 # checkin's outcome, the timeout rule's silence (else None)
 Replied = namedtuple("Replied", "trial connection data gate split_at")
 Borrow = namedtuple("Borrow", "trial k client request reply connection outcome silence")
@@ -123,28 +123,22 @@ def run_quietly(scenario):
 def record_part_one(scenario, trial_function=None, label_of=None):
     """A scenario of demo.py, each trial of it (trial_function, named by label_of(its
     arguments)) apart: (Recorder, what it printed)."""
-    # this trial's: its label, its borrows' count, an upstream connection's address -> 1, 2
-    trial = {"label": None, "borrows": itertools.count(1), "numbers": {}}
-
-    def begin(*args):
-        trial.update(label=label_of(*args), borrows=itertools.count(1), numbers={})
-
-    def number(address):
-        return trial["numbers"].setdefault(address, len(trial["numbers"]) + 1)
+    borrows = itertools.count(1)   # numbers each borrow as it is lent: a trial's then sort into that order
+    trial = {"label": None}        # the trial running now: a scenario runs its trials one after the other
 
     with Recorder() as r:
         if trial_function:
-            r.tap(demo, trial_function, before=begin)
+            r.tap(demo, trial_function, before=lambda *args: trial.update(label=label_of(*args)))
         r.tap(kit.Client, "send", before=lambda client, data: r.log(Sent(client.name, data)))
         r.tap(kit.Client, "read_to_eof", after=lambda data, client: r.log(Received(client.name, data)))
         r.tap(NaiveProxy, "forward", before=lambda proxy, client, data: r.log(Forwarded(r.peer(client), data)))
         r.tap(NaiveProxy, "route", before=lambda proxy, data: r.log(Routed(data, proxy.routing, sorted(
             r.peer(c) for c in (proxy.clients if proxy.routing == "broadcast" else [proxy.last]) if c))))
         r.tap(Upstream, "reply", before=lambda up, conn, data: r.log(Replied(
-            trial["label"], number(conn.getpeername()), data, up.gate, up.split_at or 0)))
-        r.tap(FramedProxy, "checkout", after=lambda sock, proxy: r.note(k=next(trial["borrows"])))
+            trial["label"], conn.getpeername(), data, up.gate, up.split_at or 0)))
+        r.tap(FramedProxy, "checkout", after=lambda sock, proxy: r.note(k=next(borrows)))
         r.tap(FramedProxy, "checkin", before=lambda proxy, sock, outcome: r.note(
-            outcome=outcome, connection=number(sock.getsockname())))
+            outcome=outcome, connection=sock.getsockname()))
         r.tap(FramedProxy, "exchange", after=lambda reply, proxy, request: r.log(Borrow(
             trial["label"], r.thread.k, r.thread.client, request, reply, r.thread.connection, r.thread.outcome,
             proxy.release_timeout if proxy.release == "timeout" else None)))
