@@ -154,8 +154,7 @@ def pool_panel(svg, y, rule, note, lent, replies, shown):
 
 
 def draw_release(recorder):
-    svg, y = titled("Scenario 6: a reply written in two parts with a pause between, pool cap 1",
-                    "two trials of its paused-reply row: the framed rule above, the timeout rule below")
+    svg, y = titled("Scenario 6: a reply written in two parts with a pause between, pool cap 1")
     shown = 3   # borrows drawn per trial; the note says how many it made
     for release in ("framed", "timeout"):
         lent, replies = trials(recorder)[release, True]
@@ -170,8 +169,7 @@ def draw_release(recorder):
 
 def draw_dishonest(recorder):
     svg, y = titled("Scenario 9: an upstream that says one line nobody asked for",
-                    "the upstream follows every reply with a line in the same write; A and B take turns through a "
-                    "pool of one connection")
+                    "the upstream follows every reply with a line in the same write; A and B take turns, pool cap 1")
     rules = {"TrustingPool": "TrustingPool: keeps the bytes past a reply for the next borrower",
              "FramedProxy": "FramedProxy: closes a connection with bytes past a reply"}
     for label, (lent, replies) in trials(recorder).items():
@@ -214,8 +212,7 @@ def dirty_rows(steps):
 
 def draw_dirty_return(recorder):
     svg, y = titled("Part two, scenario 1: the dirty return, a timed-out call's late reply",
-                    "one client per rule, on the virtual clock; beside each step, the calls its connection owes "
-                    "after it, oldest first")
+                    "one client per rule; beside each step, the calls its connection owes after it, oldest first")
     for client in dict.fromkeys(e.client for e in recorder.of(Step)):   # each ManagedClient, as it first spoke
         steps = [e for e in recorder.of(Step) if e.client == client]   # what its on_event told of
         rule = f'late_replies="{client.late_replies}", msg_timeout_is_fatal={client.msg_timeout_is_fatal}'
@@ -229,8 +226,7 @@ def draw_failover(recorder):
     managed_set = recorder.of(Attempt)[0].set   # its settings: no call changes them
     name = {addr: CLIENT_NAMES[index] for index, (addr, _) in enumerate(managed_set.services)}
     svg, y = titled("Part two, scenario 4: failover with a reliability cache, on the virtual clock",
-                    f"policy {managed_set.policy} over {' and '.join(name.values())}; reliability cache: policy "
-                    f"{managed_set.rcache.setting('policy')}, threshold {managed_set.rcache.setting('threshold')}")
+                    f"policy {managed_set.policy}; the cache's threshold {managed_set.rcache.setting('threshold')}")
     windows = [e for e in events if isinstance(e, Disabled)]
     end = max([e.end for e in windows] + [e.t for e in events if isinstance(e, SetCall)])
     left, top = 170, y + 20   # where the axis's 0s is

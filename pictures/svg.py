@@ -142,9 +142,8 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
     red; a remark is written at remarks_x."""
     bottom = top + row * (len(rows) + 1)
     for lane, x in lanes.items():
-        fill, stroke = colours(lane)
         width = max(110, text_width(lane, 13) + 14)
-        svg.rect(x - width / 2, top - 26, width, 26, fill, stroke, 1.5, radius=4)
+        svg.rect(x - width / 2, top - 26, width, 26, *colours(lane), 1.5, radius=4)
         svg.text(x, top - 8, lane, 13, INK, "middle", bold=True)
         svg.line(x, top, x, bottom, FAINT, 1.5, dash="4 4")
     for index, (kind, lane, *drawn) in enumerate(rows):
