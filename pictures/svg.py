@@ -162,9 +162,8 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
         else:
             label, owner, wrong, remark = drawn
             width = text_width(label, 12) + 14
-            fill, stroke = colours(owner)
-            svg.rect(lanes[lane] - width / 2, y - 15, width, 22, RED_FILL if wrong else fill,
-                     RED if wrong else stroke, 2 if wrong else 1, radius=3)
+            fill, stroke = (RED_FILL, RED) if wrong else colours(owner)
+            svg.rect(lanes[lane] - width / 2, y - 15, width, 22, fill, stroke, 2 if wrong else 1, radius=3)
             svg.text(lanes[lane], y + 1, label, 12, RED if wrong else INK, "middle", bold=True)
         if remark:
             svg.text(remarks_x, y + 4, remark, 12, RED if wrong else MUTED, bold=wrong)
