@@ -181,11 +181,9 @@ def borrows(svg, top, rule, note, rows, left=16):
     y = top + 46
     request_width = max(len(visible(row[1])) for row in rows)
     for client, request, got, verdict, tone in rows:
-        label = f"{client} sent {visible(request):<{request_width}}"
+        label = f"{client} sent {visible(request):<{request_width}} got"
         svg.text(left, y, label, 13, INK)
         x = left + text_width(label, 13) + 8
-        svg.text(x, y, "got", 13, MUTED)
-        x += text_width("got", 13) + 8
         for owner, data, wrong in got:
             x += svg.bytes_box(x, y - 17, data, owner, 13, wrong=wrong) + 2
         svg.text(x + 10, y, verdict, 13, tone, bold=True)

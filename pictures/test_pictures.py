@@ -183,8 +183,8 @@ def test_the_release_picture_stacks_its_trials_no_wider_than_the_other_pictures(
 def test_the_dishonest_picture_shows_each_trustingpool_borrower_after_the_first_taking_the_line_past_the_last(runs):
     written = pictures.trials(runs[0]["dishonest.svg"][0])["TrustingPool"][1]   # 6 writes of a reply and EXTRA
     shown = re.findall(r">([^<]*)</text>", pictures.render_all(runs[0])["dishonest.svg"])
-    rows = []   # TrustingPool's rows: the boxes each borrower got, drawn between "got" and its verdict
-    for start in [index + 1 for index, text in enumerate(shown) if text == "got"][:6]:
+    rows = []   # TrustingPool's rows: the boxes each borrower got, drawn between "X sent ... got" and its verdict
+    for start in [index + 1 for index, text in enumerate(shown) if text.endswith(" got")][:6]:
         rows.append(shown[start:next(i for i in range(start, len(shown)) if shown[i] in ("right", "wrong"))])
     lines = b"".join(e.data for e in written).splitlines(keepends=True)
     assert rows == [[visible(line)] for line in lines[:6]]   # one line each, the one past the last borrower's
