@@ -109,8 +109,7 @@ class Recorder(contextlib.ExitStack):
         return self.names.get(sock.getpeername(), "?")
 
     def note(self, **values):
-        for name, value in values.items():
-            setattr(self.thread, name, value)
+        vars(self.thread).update(values)   # this thread's own notes
 
 
 def run_quietly(scenario):

@@ -24,8 +24,7 @@ def colours(name):
 
 def number(value):
     """A coordinate as the file shows it: at most one decimal, so every run writes the same."""
-    text = f"{value:.1f}"
-    return text[:-2] if text.endswith(".0") else text
+    return f"{value:.1f}".removesuffix(".0")
 
 
 def visible(data):
