@@ -247,8 +247,7 @@ def draw_failover(recorder):
     after = ", after that call" if calls_before and calls_before[-1] == restart.t else ""
     svg.text(x_of(restart.t) + 6, top + 40, f"restarted at t={restart.t}s{after}", 11, GREEN, bold=True)
     top += 36
-    svg.text(16, top + 44, " and ".join(dict.fromkeys(name[e.service] for e in windows)) + " disabled", 12, RED,
-             bold=True)
+    svg.text(16, top + 44, ", ".join(dict.fromkeys(name[e.service] for e in windows)) + " disabled", 12, RED, bold=True)
     for window in windows:   # each window the cache opened, as long as it lasted
         seconds = window.end - window.start
         svg.rect(x_of(window.start) + 1, top + 28, seconds * SECOND - 2, 22, RED_FILL, RED, 1.5, radius=3)
