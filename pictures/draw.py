@@ -177,8 +177,7 @@ def draw_dishonest(recorder):
         note = (f"right {right}/{total}   another client's answer {others}   dirty connections closed {dirty}   "
                 f"upstream connections opened {connections}")
         y = pool_panel(svg, y + 10, rules.get(label, label), note, lent, replies, total) + 24
-    svg.legend(16, y, [("red fill: the line nobody asked for", *colours(NOBODY)),
-                       ("red outline: not the answer to this request", "#ffffff", RED)], owners="AB")
+    svg.legend(16, y, [("red fill: the line nobody asked for", *colours(NOBODY))], owners="AB")
     return svg
 
 
