@@ -13,7 +13,7 @@ import demo
 from part2 import managed
 from pictures import draw as pictures
 from pictures.record import Attempt, Disabled, Forwarded, SetCall, Step
-from pictures.svg import visible
+from pictures.svg import RED, colours, visible
 from conftest import ROOT, transcript_section
 from scaffolding import faults, kit
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
@@ -110,6 +110,9 @@ def test_the_timeout_rule_hands_b_the_tail_of_as_answer_and_c_the_tail_of_bs(run
     lent, _ = pictures.trials(runs[0]["release.svg"][0])["timeout", True]
     assert [(b.client, b.reply) for b in lent][:3] == [
         ("A", b"alpha="), ("B", b"AAAAAAAAAAAA\nbravo="), ("C", b"BBBBBBBBBBBB\ncharli")]
+    boxes = re.findall(r'stroke="(#\w+)" stroke-width="[\d.]+" rx="3"/>\n<text [^>]*>([^<]*)</text>',
+                       pictures.render_all(runs[0])["release.svg"])   # (outline, bytes): the framed rows' 6, then these
+    assert boxes[6:9] == [(colours("A")[1], "alpha="), (RED, "AAAAAAAAAAAA\\n"), (colours("B")[1], "bravo=")]
 
 
 def test_the_interleave_strip_holds_the_19_bytes_and_the_two_requests_nobody_sent(runs):
