@@ -16,7 +16,7 @@ from pathlib import Path
 import demo
 from part2 import managed_demo
 from pictures.record import (Attempt, Borrow, Disabled, Forwarded, Received, Replied, Routed, Sent, Service,
-                             SetCall, Step, Trial, record_managed, record_part_one)
+                             SetCall, Step, record_managed, record_part_one)
 from pictures.svg import GREEN, INK, MUTED, RED, RED_FILL, borrows, colours, sequence, split, titled, visible
 from scaffolding.kit import CLIENT_NAMES
 from tcp_proxy import answer
@@ -68,16 +68,15 @@ def draw_interleave(recorder):
         svg.rect(left + position * CELL, y, CELL, 36, INK if newline else fill, stroke, 1)
         svg.text(left + (position + 0.5) * CELL, y + 24, label, 13 if newline else 14, "#ffffff" if newline else INK,
                  "middle", bold=newline)
-    svg.text(left, y + 54, "\u2423 is a space; each \\n ends a request for the upstream", 12, MUTED)
     start = 0
     for index, (line, senders) in enumerate(request_owners(recorder)):   # a line under each request
         x1, x2 = left + start * CELL + 2, left + (start + len(line) + 1) * CELL - 2
         sent = len(senders) == 1 and line.encode() in lines_sent(recorder, senders[0])
         tone = INK if sent else RED
-        svg.line(x1, y + 84, x2, y + 84, tone, 2.5)
-        svg.text(x1 + 2, y + 104, f"request {index + 1}: '{line}'", 13, tone, bold=True)
+        svg.line(x1, y + 60, x2, y + 60, tone, 2.5)
+        svg.text(x1 + 2, y + 80, f"request {index + 1}: '{line}'", 13, tone, bold=True)
         start += len(line) + 1
-    svg.legend(left, y + 138, [("\\n", INK, INK), ("red: a request nobody sent", "#ffffff", RED)], owners="AB")
+    svg.legend(left, y + 114, [("\\n", INK, INK), ("red: a request nobody sent", "#ffffff", RED)], owners="AB")
     return svg
 
 
@@ -115,20 +114,13 @@ def draw_headline(recorder):
 # --- Part one's pools, borrow by borrow: release.svg and dishonest.svg ------------------------
 
 NOBODY = "nobody"   # the owner of bytes no request asked for
-CHECKINS = {"released": "then checkin", "dirty": "then closed as dirty", "discarded": "then closed"}
 
 
 def trials(recorder):
     """{trial label: (its borrows in the order they were lent, the upstream's replies)}."""
-    found = {}
-    for e in recorder.events:
-        if isinstance(e, Trial):
-            lent, replies = found[e.label] = ([], [])
-        elif isinstance(e, Borrow):
-            lent.append(e)
-        elif isinstance(e, Replied):
-            replies.append(e)
-    return {label: (sorted(lent, key=lambda b: b.k), replies) for label, (lent, replies) in found.items()}
+    return {label: (sorted([b for b in recorder.of(Borrow) if b.trial == label], key=lambda b: b.k),
+                    [e for e in recorder.of(Replied) if e.trial == label])
+            for label in dict.fromkeys(b.trial for b in recorder.of(Borrow))}
 
 
 def tally(lent):
@@ -139,61 +131,45 @@ def tally(lent):
     return right, others, dirty, len({b.connection for b in lent}), len(lent)
 
 
-def streams(lent, replies):
-    """{connection: its stream as written, [((owner, k), bytes)]}: its n-th reply answers its n-th borrow,
-    the bytes past that answer are nobody's, and a reply split in two is two chunks."""
-    found = {}
-    for connection in dict.fromkeys(b.connection for b in lent):
-        chunks = found[connection] = []
-        for b, reply in zip([b for b in lent if b.connection == connection],
-                            [e for e in replies if e.connection == connection]):
-            end = len(answer_to(b.request))
-            cuts = [(b.client, b.k)] * 2 + [(NOBODY, None)]
-            parts = [reply.data[:reply.split_at], reply.data[reply.split_at:end], reply.data[end:]]
-            chunks += [(owner, data) for owner, data in zip(cuts, parts) if data]
-    return found
-
-
 def pool_panel(svg, y, rule, note, lent, replies, shown):
-    """A trial's first `shown` borrows through svg.borrows, a piece wrong if it answers another request
-    or none; returns the bottom."""
-    written = streams(lent, replies)
-    taken = {connection: iter(split(chunks, [len(b.reply) for b in lent if b.connection == connection]))
-             for connection, chunks in written.items()}   # each borrower reads on where the last one stopped
-    strip, rows = [], []
+    """A trial's first `shown` borrows through svg.borrows; returns the bottom. Each connection's stream as
+    written is cut where each borrower's read ended, as each reads on where the last stopped: its n-th reply
+    answers its n-th borrow, the bytes past that answer are nobody's, a reply split in two is two pieces, and
+    a piece is wrong if it answers another request or none."""
+    got = {}   # a borrow -> the (owner, bytes, wrong) pieces it read
+    for connection in dict.fromkeys(b.connection for b in lent):
+        on_it = [b for b in lent if b.connection == connection]
+        chunks = []   # (the borrow whose answer they are, or None, bytes), as the upstream wrote them
+        for b, reply in zip(on_it, [e for e in replies if e.connection == connection]):
+            end = len(answer_to(b.request))
+            parts = [reply.data[:reply.split_at], reply.data[reply.split_at:end], reply.data[end:]]
+            chunks += [(owner, data) for owner, data in zip([b, b, None], parts) if data]
+        for b, pieces in zip(on_it, split(chunks, [len(b.reply) for b in on_it])):
+            got[b] = [(owner.client if owner else NOBODY, piece, owner is not b) for owner, piece in pieces]
+    rows = []
     for b in lent[:shown]:
-        pieces = next(taken[b.connection])
-        got = [(owner, piece, k != b.k) for (owner, k), piece in pieces]
-        strip += [(owner, piece, wrong, b.client) for owner, piece, wrong in got]
-        after = ("read on after its first part; " if b.partial else "") + CHECKINS[b.outcome]
-        right = b.reply == answer_to(b.request)
-        rows.append((b.client, b.request, got, "right" if right else "wrong", GREEN if right else RED, after))
-    caption = "its one upstream connection's stream, as written: each borrower reads on where the last stopped"
-    return borrows(svg, y, rule, note, len(written) == 1 and (caption, strip), rows)
+        verdict, tone = ("right", GREEN) if b.reply == answer_to(b.request) else ("wrong", RED)
+        rows.append((b.client, b.request, got[b], verdict, tone))
+    return borrows(svg, y, rule, note, rows)
 
 
 def draw_release(recorder):
-    svg, y = titled("Scenario 6: a reply written in two parts with a pause between, pool cap 1",
-                    "two trials of its paused-reply row: the framed rule above, the timeout rule below",
-                    "the clients send in name order, each once the one before has the connection")
+    svg, y = titled("Scenario 6: a reply written in two parts with a pause between, pool cap 1")
     shown = 3   # borrows drawn per trial; the note says how many it made
     for release in ("framed", "timeout"):
         lent, replies = trials(recorder)[release, True]
         rule = (f'release="timeout": it goes back after {lent[0].silence}s of silence' if lent[0].silence
                 else 'release="framed": the connection goes back after the reply\'s \\n')
         right, *_, total = tally(lent)
-        note = f"the first {shown} of its {total} borrows; the upstream pauses after each reply's first part"
-        y = pool_panel(svg, y + 10, rule, note, lent, replies, shown) + 4
-        svg.text(16, y, f"right: {right}/{total}", 13, GREEN if right == total else RED, bold=True)
-        y += 40
+        note = f"right {right}/{total}, the first {shown} drawn; the upstream pauses after each reply's first part"
+        y = pool_panel(svg, y + 10, rule, note, lent, replies, shown) + 30
     svg.legend(16, y, [("red outline: bytes of another client's answer", "#ffffff", RED)], owners="ABC")
     return svg
 
 
 def draw_dishonest(recorder):
     svg, y = titled("Scenario 9: an upstream that says one line nobody asked for",
-                    "the upstream follows every reply with a line in the same write; A and B take turns through a "
-                    "pool of one connection")
+                    "the upstream follows every reply with a line in the same write; A and B take turns, pool cap 1")
     rules = {"TrustingPool": "TrustingPool: keeps the bytes past a reply for the next borrower",
              "FramedProxy": "FramedProxy: closes a connection with bytes past a reply"}
     for label, (lent, replies) in trials(recorder).items():
@@ -201,8 +177,7 @@ def draw_dishonest(recorder):
         note = (f"right {right}/{total}   another client's answer {others}   dirty connections closed {dirty}   "
                 f"upstream connections opened {connections}")
         y = pool_panel(svg, y + 10, rules.get(label, label), note, lent, replies, total) + 24
-    svg.legend(16, y, [("red fill: the line nobody asked for", *colours(NOBODY)),
-                       ("red outline: not the answer to this request", "#ffffff", RED)], owners="AB")
+    svg.legend(16, y, [("red fill: the line nobody asked for", *colours(NOBODY))], owners="AB")
     return svg
 
 
@@ -236,8 +211,7 @@ def dirty_rows(steps):
 
 def draw_dirty_return(recorder):
     svg, y = titled("Part two, scenario 1: the dirty return, a timed-out call's late reply",
-                    "one client per rule, on the virtual clock; beside each step, the calls its connection owes "
-                    "after it, oldest first")
+                    "one client per rule; beside each step, the calls its connection owes after it, oldest first")
     for client in dict.fromkeys(e.client for e in recorder.of(Step)):   # each ManagedClient, as it first spoke
         steps = [e for e in recorder.of(Step) if e.client == client]   # what its on_event told of
         rule = f'late_replies="{client.late_replies}", msg_timeout_is_fatal={client.msg_timeout_is_fatal}'
@@ -251,8 +225,7 @@ def draw_failover(recorder):
     managed_set = recorder.of(Attempt)[0].set   # its settings: no call changes them
     name = {addr: CLIENT_NAMES[index] for index, (addr, _) in enumerate(managed_set.services)}
     svg, y = titled("Part two, scenario 4: failover with a reliability cache, on the virtual clock",
-                    f"policy {managed_set.policy} over {' and '.join(name.values())}; reliability cache: policy "
-                    f"{managed_set.rcache.setting('policy')}, threshold {managed_set.rcache.setting('threshold')}")
+                    f"policy {managed_set.policy}; the cache's threshold {managed_set.rcache.setting('threshold')}")
     windows = [e for e in events if isinstance(e, Disabled)]
     end = max([e.end for e in windows] + [e.t for e in events if isinstance(e, SetCall)])
     left, top = 170, y + 20   # where the axis's 0s is
@@ -264,18 +237,16 @@ def draw_failover(recorder):
     for second in range(int(end) + 1):
         svg.line(x_of(second), top - 4, x_of(second), top + 4, INK, 1.5)
         svg.text(x_of(second), top - 10, f"{second}s", 12, INK, "middle")
-    stops = [e for e in events if isinstance(e, Service) and e.kind == "stopped"]
-    restarts = [e for e in events if isinstance(e, Service) and e.kind == "restarted"]
-    for stop, restart in zip(stops, restarts):   # a service's life: stopped, then running again
-        svg.text(16, top + 40, f"{name[stop.addr]}, the upstream", 12, INK, bold=True)
-        svg.rect(x_of(stop.t), top + 26, (restart.t - stop.t) * SECOND, 18, *colours(None))
-        svg.text(x_of(stop.t) + 6, top + 40, "stopped: refuses connections", 11, MUTED)
-        calls_before = [e.t for e in events[:events.index(restart)] if isinstance(e, SetCall)]
-        after = ", after that call" if calls_before and calls_before[-1] == restart.t else ""
-        svg.text(x_of(restart.t) + 6, top + 40, f"restarted at t={restart.t}s{after}", 11, GREEN, bold=True)
-    top += 36 if restarts else 0
-    svg.text(16, top + 44, " and ".join(dict.fromkeys(name[e.service] for e in windows)) + " disabled", 12, RED,
-             bold=True)
+    # A's life: stopped, then running again (then both close as the scenario ends)
+    stop, restart = [e for e in events if isinstance(e, Service)][:2]
+    svg.text(16, top + 40, f"{name[stop.addr]}, the upstream", 12, INK, bold=True)
+    svg.rect(x_of(stop.t), top + 26, (restart.t - stop.t) * SECOND, 18, *colours(None))
+    svg.text(x_of(stop.t) + 6, top + 40, "stopped: refuses connections", 11, MUTED)
+    calls_before = [e.t for e in events[:events.index(restart)] if isinstance(e, SetCall)]
+    after = ", after that call" if calls_before and calls_before[-1] == restart.t else ""
+    svg.text(x_of(restart.t) + 6, top + 40, f"restarted at t={restart.t}s{after}", 11, GREEN, bold=True)
+    top += 36
+    svg.text(16, top + 44, ", ".join(dict.fromkeys(name[e.service] for e in windows)) + " disabled", 12, RED, bold=True)
     for window in windows:   # each window the cache opened, as long as it lasted
         seconds = window.end - window.start
         svg.rect(x_of(window.start) + 1, top + 28, seconds * SECOND - 2, 22, RED_FILL, RED, 1.5, radius=3)

@@ -32,7 +32,7 @@ def redis_rows(reads):
         else:
             verdict = "cut: only the first line of its reply"
         got = [(owner, data, owner != read.client) for owner, data in took]
-        rows.append((read.client, read.request, got, verdict, GREEN if verdict == "its whole reply" else RED, ""))
+        rows.append((read.client, read.request, got, verdict, GREEN if verdict == "its whole reply" else RED))
     return rows
 
 
@@ -40,13 +40,15 @@ def draw_redis_line_pool(runs):
     svg, y = titled("Part three, scenarios 2 and 4: a pool in front of a real redis-server, framed by line and by RESP")
     line_rows = redis_rows([e for e in runs["line_pool"] if isinstance(e, RedisRead)])
     bottom = borrows(svg, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
-                     "the bytes read past it stay on the connection for the next borrower", None, line_rows)
+                     "the bytes read past it stay on the connection for the next borrower", line_rows)
     reads = [e for e in runs["resp_pool"] if isinstance(e, RedisRead)]
-    # reads that each took one whole reply and nothing past it: Redis answering in order, each borrower's own
-    right = sum(resp.reply_size(read.reply) == len(read.reply) and not read.rest for read in reads)
-    svg.text(16, bottom + 18, f"FramedProxy, framing=RESP: each of {len(reads)} borrows got its own whole reply "
-             f"{right}/{len(reads)}, over {len({read.connection for read in reads})} upstream connection", 14,
-             GREEN if right == len(reads) else RED, bold=True)
+    # a read that took one whole reply and nothing past it: Redis answering in order, the borrower's own
+    whole = [resp.reply_size(read.reply) == len(read.reply) and not read.rest for read in reads]
+    crowd = [ok for read, ok in zip(reads, whole) if read.via != reads[0].via]   # the clients that came after A
+    svg.text(16, bottom + 18, f"FramedProxy, framing=RESP: {reads[0].client}'s {len(reads) - len(crowd)} requests, "
+             f"then {len(crowd)} GETs from {len({read.via for read in reads}) - 1} clients at once: each its own "
+             f"whole reply, {sum(crowd)}/{len(crowd)}, over {len({read.connection for read in reads})} upstream "
+             "connection", 13, GREEN if all(whole) else RED, bold=True)
     return svg
 
 

@@ -24,12 +24,11 @@ Sent = namedtuple("Sent", "client data")             # a demo client's send()
 Forwarded = namedtuple("Forwarded", "client data")   # a chunk NaiveProxy wrote upstream, and whose it was (now `last`)
 Routed = namedtuple("Routed", "data routing targets")   # a chunk route() read, its rule, the clients it goes to
 Received = namedtuple("Received", "client data")        # what a demo client read to EOF
-# the upstream writes a reply on a connection, after its gate, its first split_at bytes first
-Replied = namedtuple("Replied", "connection data gate split_at")
-Trial = namedtuple("Trial", "label")   # a trial begins: its borrows are counted, its connections numbered, from 1
-# the k-th borrow returned the reply: its connection, its checkin's outcome, whether it read on after part
-# of the reply, and the timeout rule's silence (else None)
-Borrow = namedtuple("Borrow", "k client request reply connection outcome partial silence")
+# in a trial (its label, else None) the upstream writes a reply on a connection (its address, never shown),
+# after its gate, its first split_at bytes first; the k-th borrow returned the reply: its connection, its
+# checkin's outcome, the timeout rule's silence (else None)
+Replied = namedtuple("Replied", "trial connection data gate split_at")
+Borrow = namedtuple("Borrow", "trial k client request reply connection outcome silence")
 # Part two (record_managed): what on_event hears, one type per kind drawn, and taps for what it does not say.
 # Step: on_event "sent", "timed out" (data: the request) or "reply" (oldest: the oldest call owed then,
 # a managed.Call, whose request and abandoned no later step changes)
@@ -40,7 +39,8 @@ ON_EVENT = {"sent": Step, "timed out": Step, "reply": Step, "attempt": Attempt, 
 SetCall = namedtuple("SetCall", "t request")   # ManagedSet.call() begins
 Service = namedtuple("Service", "kind t addr")   # a FaultyUpstream stopped or restarted, at the set's clock's time
 # Part three (record_part3), kept per scenario
-RedisRead = namedtuple("RedisRead", "client request connection reply rest")   # read_reply() returned, on an address
+# read_reply() returned, on an upstream address, for a client (by name, and by address: two may share a name)
+RedisRead = namedtuple("RedisRead", "client via request connection reply rest")
 TaggedSent = namedtuple("TaggedSent", "line")   # on_event: a request about to be written, id and all
 Got = namedtuple("Got", "line")                 # on_event: the client's reader took a reply line
 Returned = namedtuple("Returned", "line outcome")   # call() returned bytes or raised (the class name); line: as sent
@@ -109,8 +109,7 @@ class Recorder(contextlib.ExitStack):
         return self.names.get(sock.getpeername(), "?")
 
     def note(self, **values):
-        for name, value in values.items():
-            setattr(self.thread, name, value)
+        vars(self.thread).update(values)   # this thread's own notes
 
 
 def run_quietly(scenario):
@@ -123,32 +122,24 @@ def run_quietly(scenario):
 def record_part_one(scenario, trial_function=None, label_of=None):
     """A scenario of demo.py, each trial of it (trial_function, named by label_of(its
     arguments)) apart: (Recorder, what it printed)."""
-    trial = {"borrows": itertools.count(1), "numbers": {}}   # this trial's: an upstream connection's address -> 1, 2
-
-    def begin(*args):
-        trial.update(borrows=itertools.count(1), numbers={})
-        r.log(Trial(label_of(*args)))
-
-    def number(address):
-        return trial["numbers"].setdefault(address, len(trial["numbers"]) + 1)
+    borrows = itertools.count(1)   # numbers each borrow as it is lent: a trial's then sort into that order
+    trial = {"label": None}        # the trial running now: a scenario runs its trials one after the other
 
     with Recorder() as r:
         if trial_function:
-            r.tap(demo, trial_function, before=begin)
+            r.tap(demo, trial_function, before=lambda *args: trial.update(label=label_of(*args)))
         r.tap(kit.Client, "send", before=lambda client, data: r.log(Sent(client.name, data)))
         r.tap(kit.Client, "read_to_eof", after=lambda data, client: r.log(Received(client.name, data)))
         r.tap(NaiveProxy, "forward", before=lambda proxy, client, data: r.log(Forwarded(r.peer(client), data)))
         r.tap(NaiveProxy, "route", before=lambda proxy, data: r.log(Routed(data, proxy.routing, sorted(
             r.peer(c) for c in (proxy.clients if proxy.routing == "broadcast" else [proxy.last]) if c))))
         r.tap(Upstream, "reply", before=lambda up, conn, data: r.log(Replied(
-            number(conn.getpeername()), data, up.gate, up.split_at or 0)))
-        r.tap(FramedProxy, "checkout", after=lambda sock, proxy: r.note(k=next(trial["borrows"]), partial=False))
-        r.tap(FramedProxy, "count", before=lambda proxy, name, amount=1: r.note(
-            partial=getattr(r.thread, "partial", False) or name == "partial_replies"))
+            trial["label"], conn.getpeername(), data, up.gate, up.split_at or 0)))
+        r.tap(FramedProxy, "checkout", after=lambda sock, proxy: r.note(k=next(borrows)))
         r.tap(FramedProxy, "checkin", before=lambda proxy, sock, outcome: r.note(
-            outcome=outcome, connection=number(sock.getsockname())))
+            outcome=outcome, connection=sock.getsockname()))
         r.tap(FramedProxy, "exchange", after=lambda reply, proxy, request: r.log(Borrow(
-            r.thread.k, r.thread.client, request, reply, r.thread.connection, r.thread.outcome, r.thread.partial,
+            trial["label"], r.thread.k, r.thread.client, request, reply, r.thread.connection, r.thread.outcome,
             proxy.release_timeout if proxy.release == "timeout" else None)))
         printed = run_quietly(scenario)
     return r, printed
@@ -192,7 +183,7 @@ def record_part3():
     events, printed = {}, ""
     with Recorder() as r:
         r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
-            r.thread.client, r.thread.request, sock.getsockname(), *result)))
+            r.thread.client, r.thread.conn.getpeername(), r.thread.request, sock.getsockname(), *result)))
         r.tap(tagged.TaggedClient, "__init__", after=lambda _, client, *a, **o: r.listen(client, heard))
         r.tap(tagged.TaggedClient, "call", after=lambda reply, *a: r.log(Returned(r.thread.sent, reply)),
               raised=lambda error, *a: r.log(Returned(r.thread.sent, type(error).__name__)))

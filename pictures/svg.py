@@ -24,8 +24,7 @@ def colours(name):
 
 def number(value):
     """A coordinate as the file shows it: at most one decimal, so every run writes the same."""
-    text = f"{value:.1f}"
-    return text[:-2] if text.endswith(".0") else text
+    return f"{value:.1f}".removesuffix(".0")
 
 
 def visible(data):
@@ -142,9 +141,8 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
     red; a remark is written at remarks_x."""
     bottom = top + row * (len(rows) + 1)
     for lane, x in lanes.items():
-        fill, stroke = colours(lane)
         width = max(110, text_width(lane, 13) + 14)
-        svg.rect(x - width / 2, top - 26, width, 26, fill, stroke, 1.5, radius=4)
+        svg.rect(x - width / 2, top - 26, width, 26, *colours(lane), 1.5, radius=4)
         svg.text(x, top - 8, lane, 13, INK, "middle", bold=True)
         svg.line(x, top, x, bottom, FAINT, 1.5, dash="4 4")
     for index, (kind, lane, *drawn) in enumerate(rows):
@@ -163,50 +161,31 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
         else:
             label, owner, wrong, remark = drawn
             width = text_width(label, 12) + 14
-            fill, stroke = colours(owner)
-            svg.rect(lanes[lane] - width / 2, y - 15, width, 22, RED_FILL if wrong else fill,
-                     RED if wrong else stroke, 2 if wrong else 1, radius=3)
+            fill, stroke = (RED_FILL, RED) if wrong else colours(owner)
+            svg.rect(lanes[lane] - width / 2, y - 15, width, 22, fill, stroke, 2 if wrong else 1, radius=3)
             svg.text(lanes[lane], y + 1, label, 12, RED if wrong else INK, "middle", bold=True)
         if remark:
             svg.text(remarks_x, y + 4, remark, 12, RED if wrong else MUTED, bold=wrong)
     return bottom
 
 
-def borrows(svg, top, rule, note, strip, rows, left=16):
+def borrows(svg, top, rule, note, rows, left=16):
     """A pool's borrows as steps, from `top`; returns the bottom.
 
-    The rule and a note; then, if `strip` is (caption, pieces), one connection's stream as written, each
-    piece (owner, bytes, wrong, taker) above the borrower that took it; then a row per borrow (client,
-    request, got, verdict, tone, after): what it sent, the pieces (owner, bytes, wrong) it got, its verdict
-    and what became of the connection. Bytes are in the colour of the client whose request they answer,
-    outlined red where they answer another request, or none."""
+    The rule and a note, then a row per borrow (client, request, got, verdict, tone): what it sent, the pieces
+    (owner, bytes, wrong) it got and its verdict. Bytes are in the colour of the client whose request they
+    answer, outlined red where they answer another request, or none."""
     svg.text(left, top, rule, 14, INK, bold=True)
     svg.text(left, top + 18, note, 12, MUTED)
     y = top + 46
-    if strip:
-        caption, pieces = strip
-        svg.text(left, y, caption, 12, MUTED)
-        y += 10
-        x = left
-        for owner, data, wrong, taker in pieces:
-            width = svg.bytes_box(x, y, data, owner, 13, wrong=wrong)
-            tone = RED if wrong else colours(taker)[1]
-            svg.text(x + width / 2, y + 42, f"to {taker}", 12, tone, anchor="middle", bold=wrong)
-            svg.line(x + width / 2, y + 26, x + width / 2, y + 30, tone, 1.5)
-            x += width + 4
-        y += 76
     request_width = max(len(visible(row[1])) for row in rows)
-    for client, request, got, verdict, tone, after in rows:
-        label = f"{client} sent {visible(request):<{request_width}}"
+    for client, request, got, verdict, tone in rows:
+        label = f"{client} sent {visible(request):<{request_width}} got"
         svg.text(left, y, label, 13, INK)
         x = left + text_width(label, 13) + 8
-        svg.text(x, y, "got", 13, MUTED)
-        x += text_width("got", 13) + 8
         for owner, data, wrong in got:
             x += svg.bytes_box(x, y - 17, data, owner, 13, wrong=wrong) + 2
         svg.text(x + 10, y, verdict, 13, tone, bold=True)
-        if after:
-            svg.text(x + 20 + text_width(verdict, 13), y, after, 12, MUTED)
         y += 32
     return y
 
