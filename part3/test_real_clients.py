@@ -440,7 +440,7 @@ def test_redis_py_pooled_client_reads_back_every_value_it_wrote(redis, proxy_kin
 @pytest.mark.parametrize("proxy_kind", REDIS_PROXIES)
 def test_several_threads_sharing_one_redis_py_client_each_read_their_own_values(redis, control, proxy_kind):
     threads_count = 8
-    each = 100
+    each = 40   # pairs per thread: enough for the threads to interleave; the property tests carry the volume
     wrong = [0] * threads_count
     with REDIS_PROXIES[proxy_kind](redis, 3) as proxy:
         client = redis_py_client(proxy, max_connections=threads_count)
@@ -470,8 +470,8 @@ def test_several_threads_sharing_one_redis_py_client_each_read_their_own_values(
 @pytest.mark.parametrize("pipeline", [1, 16])
 def test_redis_benchmark_completes_get_and_set_through_the_pool_with_no_error(redis, control, pipeline, proxy_kind):
     need_redis("redis-benchmark")
-    with REDIS_PROXIES[proxy_kind](redis, 8) as proxy:
-        run = subprocess.run(["redis-benchmark", "-p", str(proxy.addr[1]), "-t", "get,set", "-n", "1000",
+    with REDIS_PROXIES[proxy_kind](redis, 8) as proxy:   # 500 of each: the claim is no error; speed is BENCH.md's
+        run = subprocess.run(["redis-benchmark", "-p", str(proxy.addr[1]), "-t", "get,set", "-n", "500",
                               "-c", "8", "-P", str(pipeline), "-q", "-e"],
                              capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
         assert run.returncode == 0, run
