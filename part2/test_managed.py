@@ -1128,9 +1128,9 @@ def test_a_write_that_must_wait_on_a_descriptor_above_1023_times_out_cleanly_and
         while not fillers or fillers[-1] < 1024:
             fillers.append(os.open(os.devnull, os.O_RDONLY))
         with FaultyUpstream(on_connect="deaf") as upstream:
-            client = ManagedClient(upstream.addr, msg_timeout=1.0)   # real time: the write must block, and wait
+            client = ManagedClient(upstream.addr, msg_timeout=0.5)   # real time: the write must block, and wait
             big = in_background(client.call, b"GET " + b"k" * (64 << 20) + b"\n")   # more than buffers hold
-            assert big.result() == "MessageTimeout: request not sent within 1.0s"
+            assert big.result() == "MessageTimeout: request not sent within 0.5s"
             assert (client.sent, client.written, client.errors, client.state) == (1, 0, 1, "down")
             assert client.transition_log[-1][2] == "a request not written in time"
             client.shut_down()

@@ -317,9 +317,9 @@ class Trickle(Server):
 
 
 def test_a_trickling_reply_costs_an_error_at_the_exchange_deadline_and_a_waiting_borrower_one_at_checkout():
-    with Trickle(interval=0.05) as upstream, \
-            FramedProxy(upstream.addr, framing=RESP, reply_timeout=1.0, exchange_timeout=2.0,
-                        checkout_timeout=0.5) as proxy, \
+    with Trickle(interval=0.025) as upstream, \
+            FramedProxy(upstream.addr, framing=RESP, reply_timeout=0.5, exchange_timeout=1.0,
+                        checkout_timeout=0.25) as proxy, \
             socket.create_connection(proxy.addr, timeout=10) as first, \
             socket.create_connection(proxy.addr, timeout=10) as second:
         started = time.monotonic()
@@ -327,11 +327,11 @@ def test_a_trickling_reply_costs_an_error_at_the_exchange_deadline_and_a_waiting
         upstream.wait_requests(1)
         second.sendall(b"GET b\r\n")
         assert redis_server.read_resp(reader_of(second)) == \
-            b"-ERR upstream: no upstream connection free within 0.5 s\r\n"
-        assert redis_server.read_resp(reader_of(first)) == b"-ERR upstream: no whole reply within 2 s\r\n"
+            b"-ERR upstream: no upstream connection free within 0.25 s\r\n"
+        assert redis_server.read_resp(reader_of(first)) == b"-ERR upstream: no whole reply within 1 s\r\n"
         elapsed = time.monotonic() - started
         assert (proxy.opened, proxy.discarded) == (1, 1)
-    assert elapsed >= 2.0   # and the error, not the value: the trickle takes 67 x 0.05 s = 3.35 s at least
+    assert elapsed >= 1.0   # and the error, not the value: the trickle takes 67 x 0.025 s = 1.675 s at least
 
 
 def test_the_defaults_bound_each_silence_the_whole_reply_and_the_wait_for_a_connection():
