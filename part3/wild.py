@@ -485,13 +485,21 @@ def run_all():
         print(f"part3.wild: no virtual environment for redis-py {', '.join(missing)}; "
               f"`make wild-venvs` makes them (it needs the package index)")
         return 0
-    for number, v in enumerate(VERSIONS):
-        result = subprocess.run([str(venv_python(v)), "-m", "part3.wild"], cwd=ROOT,
-                                capture_output=True, text=True, timeout=120)
-        if result.returncode:
-            sys.stderr.write(result.stderr)
-            return result.returncode
-        print(("\n" if number else "") + result.stdout, end="")
+    # all at once (each venv's run has its own redis-server and relay), printed in VERSIONS' order
+    runs = [subprocess.Popen([str(venv_python(v)), "-m", "part3.wild"], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for v in VERSIONS]
+    try:
+        finished = [run.communicate(timeout=120) for run in runs]
+    finally:
+        for run in runs:
+            if run.poll() is None:   # communicate() timed out: no run is left behind
+                run.kill()
+                run.wait()
+    for number, (run, (out, err)) in enumerate(zip(runs, finished)):
+        if run.returncode:
+            sys.stderr.write(err)
+            return run.returncode
+        print(("\n" if number else "") + out, end="")
     return 0
 
 
