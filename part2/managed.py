@@ -804,7 +804,7 @@ class ManagedClient(ConnectionThreads):
     Scaffolding: late_replies="forget" drops a timed-out call from the queue and
     trusts the next reply without checking it: the bug demo scenario 1 shows.
 
-    Why one class of some 300 lines: its state machine, its calls' deadlines and
+    Why one class of over 350 lines: its state machine, its calls' deadlines and
     the write turn change the same fields in one critical section, under one lock;
     what needs no lock of its own lives apart (OwedCalls, Connection, CallbackLock),
     and so do its two threads (ConnectionThreads).
