@@ -69,7 +69,7 @@ $(VENV_PYTHON): requirements-test.txt
 
 # Three workers (pytest-xdist) on two cores: many tests wait out a deadline or a
 # peer, and a third worker runs while one waits (-n 3 took 0.78 of -n 2's time here,
-# median of three alternating pairs; -n 4 gained nothing over -n 3 in eleven pairs).
+# median of three alternating pairs; -n 4 was within the noise of -n 3 in sixteen pairs).
 # PYTHONDONTWRITEBYTECODE is emptied for the run: where it is set (it is on the
 # machines this was built on), pytest rewrites and compiles every test module
 # afresh in each worker, 1.9 s of a worker's 2.7 s collection here; with it
