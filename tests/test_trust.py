@@ -289,8 +289,8 @@ LONG_LINE = b"\xff" * 64_000   # each byte is one U+FFFD when decoded: bytes and
 
 
 def test_upstream_keeps_200_bytes_of_each_request_line_so_200_lines_of_64000_hold_40000():
-    """Before: 12,800,000 characters held (with 1,000 lines, as first measured, 64,000,000
-    in 128 MB: the bound, not the count, is the claim)."""
+    """Before: every line kept whole, so these 200 would hold 200 x 64,000 = 12,800,000 characters
+    (measured with 1,000 lines: 64,000,000 in 128 MB). The bound, not the count, is the claim."""
     with Upstream() as upstream, socket.create_connection(upstream.addr) as sock:
         sock.sendall((LONG_LINE + b"\n") * 200)   # each is answered with a 58-byte ERR line
         upstream.wait_requests(200)
@@ -299,8 +299,9 @@ def test_upstream_keeps_200_bytes_of_each_request_line_so_200_lines_of_64000_hol
 
 
 def test_tagged_upstream_keeps_200_bytes_of_each_line_it_logs_so_200_of_64000_hold_40000():
-    """Before: 12,800,000 characters in each of parsed and written (with 1,000 calls, as
-    first measured, 64,000,000: the bound, not the count, is the claim)."""
+    """Before: every line kept whole, so these 200 calls would hold 200 x 64,000 = 12,800,000 characters
+    in each of parsed and written (measured with 1,000 calls: 64,000,000). The bound, not the count,
+    is the claim."""
     key = b"k" * 64_000
     with TaggedUpstream() as upstream, TaggedClient(upstream.addr) as client:
         for number in range(200):
