@@ -298,6 +298,7 @@ def test_module_stays_under_its_line_ceiling_at_415_lines_of_code():
 
 # --- the demo ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_demo_prints_the_checked_in_transcript_three_times_over():
     runs = [subprocess.Popen([sys.executable, "demo.py"], cwd=HERE, stdout=subprocess.PIPE)
             for _ in range(3)]

@@ -125,6 +125,7 @@ def test_wild_without_the_venvs_prints_one_line_on_how_to_make_them_and_exits_0(
         "`make wild-venvs` makes them (it needs the package index)\n")
 
 
+@pytest.mark.slow
 def test_make_wild_prints_the_checked_in_transcript_mixed_up_on_4_5_1_clean_on_4_5_5_and_8_1_0():
     need_redis()
     need_venvs()
@@ -136,6 +137,7 @@ def test_make_wild_prints_the_checked_in_transcript_mixed_up_on_4_5_1_clean_on_4
     assert verdicts == ["verdict: mixed up"] + ["verdict: clean"] * 5
 
 
+@pytest.mark.slow
 def test_part3_wild_svg_is_what_the_4_5_1_and_4_5_5_runs_draw_now_byte_for_byte():
     need_redis()
     need_venvs()

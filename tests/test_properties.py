@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tcp_proxy import FramedProxy, PassthroughProxy, Upstream, answer, recv
@@ -174,6 +175,7 @@ def run_property(proxy_name, make_proxy):
     return coverage
 
 
+@pytest.mark.slow
 def test_framed_proxy_gives_every_client_exactly_its_own_replies_in_order():
     coverage = run_property("framed", framed)
     assert coverage.examples == examples_for("framed")
@@ -182,6 +184,7 @@ def test_framed_proxy_gives_every_client_exactly_its_own_replies_in_order():
     assert coverage.partial_replies_read > 0   # the proxy did read replies in pieces
 
 
+@pytest.mark.slow
 def test_passthrough_proxy_gives_every_client_exactly_its_own_replies_in_order():
     coverage = run_property("passthrough", passthrough)
     assert coverage.examples == examples_for("passthrough")
@@ -189,6 +192,7 @@ def test_passthrough_proxy_gives_every_client_exactly_its_own_replies_in_order()
     assert coverage.cut_replies > 0
 
 
+@pytest.mark.slow
 def test_managed_proxy_gives_every_client_exactly_its_own_replies_in_order():
     coverage = run_property("managed", lambda addr, pool_cap: managed.ManagedProxy([(addr, pool_cap)]))
     assert coverage.examples == examples_for("managed")

@@ -52,6 +52,7 @@ LINE_PIECES = [b"GET", b"PING", b"LOGIN", b" ", b"=", b"a", b"A", b"b", b"'", b"
 request_lines = st.lists(st.sampled_from(LINE_PIECES), max_size=12).map(b"".join)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(ours=request_lines, theirs=request_lines)
 def test_a_reply_fits_a_request_only_if_it_is_the_same_bytes_as_that_requests_own_reply(ours, theirs):
@@ -171,6 +172,7 @@ def close_within(server, seconds):
     return not closing.is_alive()
 
 
+@pytest.mark.slow
 def test_naive_relay_passes_on_every_reply_of_a_pipelined_flood_once_its_client_reads():
     """The client writes until everything is full, then reads. Before: forward() held the
     lock across its write upstream, and route() needed it to pass the next reply on:
