@@ -33,7 +33,7 @@ from tests.prose import HERE, MODULE, contiguous_at, fenced_blocks, text
 
 # One worker runs all of these under `make test`'s --dist loadgroup: the runs
 # fixture (nine changed copies of the project, each run) runs once per worker that needs it.
-pytestmark = pytest.mark.xdist_group("test_exercises")
+pytestmark = [pytest.mark.xdist_group("test_exercises"), pytest.mark.slow]
 
 COPIED = ["*.ini", "*.cfg", "*.toml", "transcripts/*.txt"]   # what a run needs, with every *.py
 HOOK_TIMEOUT = re.compile(r"^(\s*hook_timeout = )[\d.]+", re.M)
@@ -88,11 +88,14 @@ def exercises(source=None):
 @functools.cache   # every copy needs the same files; the tree does not change during a run
 def project_files():
     """The files a run needs, relative to the project: every *.py, and COPIED. Hidden folders
-    (.venv and the like: not the project's, and thousands of files) are not walked into."""
+    (.venv and the like: not the project's, and thousands of files) are not walked into.
+    The compiled modules in __pycache__ come too: copied with their sources' times, they
+    spare each of the nine runs compiling the modules afresh, and the one module an
+    exercise changes is newer than its compiled copy, so Python compiles that one again."""
     found = [path.relative_to(HERE) for pattern in COPIED for path in HERE.glob(pattern)]
     for folder, subfolders, names in os.walk(HERE):
-        subfolders[:] = [name for name in subfolders if not name.startswith(".") and name != "__pycache__"]
-        found += [Path(folder).relative_to(HERE) / name for name in names if name.endswith(".py")]
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        found += [Path(folder).relative_to(HERE) / name for name in names if name.endswith((".py", ".pyc"))]
     return sorted(found)
 
 
@@ -102,7 +105,7 @@ def apply(exercise, directory):
     for path in project_files():
         target = directory / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(HERE / path, target)
+        shutil.copy2(HERE / path, target)   # with its time, which a compiled copy is checked against
     module = directory / exercise.module
     source = module.read_text(encoding="utf-8")
     old = "\n".join(exercise.removed) + "\n"
