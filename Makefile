@@ -136,7 +136,7 @@ bench-tools:
 	apt-get update
 	apt-get install -y socat haproxy nutcracker redis-server redis-tools
 
-# The randomized proof at 10,000 examples instead of the suite's 120 (minutes, not seconds).
+# The randomized proof at 10,000 examples instead of the suite's 80 (minutes, not seconds).
 soak: $(VENV_PYTHON)
 	SOAK=10000 $(VENV_PYTHON) -m pytest -q tests/test_properties.py part3/test_resp.py part3/test_real_clients.py part3/test_tagged.py
 
