@@ -1,4 +1,5 @@
-"""Shared test guards and helpers.
+"""What every test shares, in three parts: the guard, the session's own costs, and the
+helpers the test files import.
 
 The guard: no test may leave a thread running or a socket unclosed, nor make
 Python ignore an exception (one raised in __del__, say, which Python can only print).
@@ -48,8 +49,11 @@ ignored_during_test = []   # sys.unraisablehook appends each exception Python ig
 
 
 def note_ignored(unraisable):
-    """sys.unraisablehook: keep what Python ignored, for the guard to fail the test with."""
-    ignored_during_test.append(f"{unraisable.exc_type.__name__}: {unraisable.exc_value} in {unraisable.object!r}")
+    """sys.unraisablehook: print what Python ignored, as Python would (so that one ignored
+    between tests is seen too), and keep it for the guard to fail the test with."""
+    sys.__unraisablehook__(unraisable)
+    ignored = f"{unraisable.exc_type.__name__}: {unraisable.exc_value} in {unraisable.object!r}"
+    ignored_during_test.append(ignored)
 
 
 sys.unraisablehook = note_ignored
