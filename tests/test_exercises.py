@@ -35,7 +35,7 @@ from tests.prose import HERE, MODULE, contiguous_at, fenced_blocks, text
 # fixture (nine changed copies of the project, each run) runs once per worker that needs it.
 pytestmark = [pytest.mark.xdist_group("test_exercises"), pytest.mark.slow]
 
-COPIED = ["*.ini", "*.cfg", "*.toml", "transcripts/*.txt"]   # what a run needs, with every *.py
+COPIED = ["*.ini", "*.cfg", "*.toml", "transcripts/*.txt"]   # what a run needs, with every *.py and *.pyc
 HOOK_TIMEOUT = re.compile(r"^(\s*hook_timeout = )[\d.]+", re.M)
 SHORT_HOOK_TIMEOUT = "2.0"   # scaffolding: a missing event is reported in 2 s, not 10
 COMMAND = re.compile(r"`((?:python3|\.venv/bin/python) (?:demo\.py|-m pytest)[^`]*)`"
