@@ -410,6 +410,82 @@ class NaiveProxy(Relay):
 
 # --- the pool that parses ----------------------------------------------------
 
+class Frames:
+    """The one framing loop of the house: bytes in as they arrive, whole messages out.
+
+    feed(data) adds what a read gave; take() returns the next whole message, or None
+    while it has not ended; rest() is what was read past the messages taken. The
+    parser (new_parser() makes one: a size(buffer) that keeps its place) reads each
+    byte once, however the reads cut the message. No socket: Part one's threads feed
+    it from recv(), Part two's event loop from its turn.
+    """
+
+    def __init__(self, new_parser, data=b""):
+        self._new_parser = new_parser
+        self._size = new_parser()
+        self.unread = bytearray(data)   # read, not yet part of a message taken
+
+    def feed(self, data):
+        self.unread += data
+
+    def take(self):
+        """The next whole message, or None; ValueError (the parser's) for bytes no message is."""
+        size = self._size(self.unread)
+        if size is None:
+            return None
+        message = bytes(self.unread[:size])
+        del self.unread[:size]   # from the front of a bytearray: no copy of the rest
+        self._size = self._new_parser()
+        return message
+
+    def rest(self):
+        return bytes(self.unread)
+
+
+class LineEnd:
+    """Where one line ends, as a parser Frames can use: it searches only bytes it has
+    not seen. strict=True reads a request: a b"\\r" not at the line's end, or
+    MAX_LINE bytes with no end, is a ValueError (LineTooLong for the second)."""
+
+    def __init__(self, strict=False):
+        self.strict = strict
+        self.searched = 0      # bytes known to hold no b"\n"
+        self.carriage = -1     # where the line's first b"\r" stands, once one has
+
+    def size(self, buffer):
+        end = buffer.find(b"\n", self.searched)
+        if self.strict:
+            self._check(buffer, len(buffer) if end < 0 else end)
+        if end < 0:
+            self.searched = len(buffer)
+            return None
+        return end + 1
+
+    def _check(self, buffer, stop):
+        if stop > MAX_LINE and stop == len(buffer):
+            raise LineTooLong(f"line longer than {MAX_LINE} bytes")
+        if self.carriage < 0:
+            self.carriage = buffer.find(b"\r", self.searched, stop)
+        if self.carriage >= 0 and buffer.count(b"\r", self.carriage, stop) < stop - self.carriage:
+            # a b"\r" with more after it: not a line end, and not a byte to pass on
+            raise ValueError(f"a \\r not followed by \\n: {bytes(buffer[:40])!r}")
+
+
+class Session:
+    """What a pool keeps of one client between its requests, and what it answers itself.
+
+    admit(request) is None to send the request on, or the bytes the pool answers with
+    (b"": nothing). The toy protocol's session keeps nothing: it refuses what the
+    framing's refusal() names. Part three's Redis sessions keep more."""
+
+    def __init__(self, framing):
+        self.framing = framing
+
+    def admit(self, request):
+        refusal = self.framing.refusal(request)
+        return self.framing.error(f"tcp-proxy: {refusal}") if refusal else None
+
+
 class LineFraming:
     """The toy protocol as the pool reads it: where a request and a reply end, which
     replies can answer a request, what it refuses, and how it writes an error.
@@ -438,25 +514,24 @@ class LineFraming:
         return reply.startswith(head) and reply.endswith(b"\n") and len(value) == 12 == value.count(value[:1])
 
     def reply_parser(self):
-        """What reads one reply as it grows (a line is bounded: a fresh search costs little)."""
-        return self.reply_size
+        """What reads one reply as it grows: it searches only bytes it has not seen."""
+        return LineEnd().size
 
     def request_size(self, buffer):
         """The length of the whole request line at the start of buffer, None if it has not
         ended; a b"\\r" before its end, or MAX_LINE bytes and no end, is a ValueError."""
-        end = buffer.find(b"\n")
-        if end < 0 and len(buffer) > MAX_LINE:
-            raise LineTooLong(f"line longer than {MAX_LINE} bytes")
-        if b"\r" in buffer[:max(end, 0)].rstrip(b"\r"):   # not a line end, and not a byte to pass on
-            raise ValueError(f"a \\r not followed by \\n: {bytes(buffer[:40])!r}")
-        return None if end < 0 else end + 1
+        return self.request_parser()(buffer)
 
     def request_parser(self):
-        return self.request_size
+        return LineEnd(strict=True).size
 
     def refusal(self, request):
         """Why this request may not reach a pooled connection, or None: an empty one never does."""
         return "an empty request" if not request.strip() else None
+
+    def session(self):
+        """What the pool keeps of one client between its requests (see Session)."""
+        return Session(self)
 
     def error(self, message):
         """An error in the protocol's own form: one ERR line."""
@@ -517,9 +592,10 @@ class FramedProxy(Server):
 
     def handle(self, client):
         requests = self.requests(client)
+        session = self.framing.session()   # what the pool answers itself, before any borrow
         while (request := self.next_request(client, requests)) is not None:
-            refusal = self.framing.refusal(request)   # refused before any borrow: never sent up
-            client.sendall(self.framing.error(f"tcp-proxy: {refusal}") if refusal else self.exchange(request))
+            answer = session.admit(request)
+            client.sendall(self.exchange(request) if answer is None else answer)
 
     def next_request(self, client, requests):
         """The client's next whole request; None at EOF, or after one the framing cannot read
@@ -533,14 +609,10 @@ class FramedProxy(Server):
     def requests(self, client):
         """Yield each whole request the client sends, in order, however its writes cut or
         join them; return at EOF. The framing says where each ends (ValueError if malformed)."""
-        buffer = bytearray()
-        size = self.framing.request_parser()   # keeps its place in the request between recv()s
+        frames = Frames(self.framing.request_parser)
         while data := recv(client):
-            buffer += data
-            while (length := size(buffer)) is not None:
-                request = bytes(buffer[:length])
-                del buffer[:length]   # from the front of a bytearray: no copy of the rest
-                size = self.framing.request_parser()
+            frames.feed(data)
+            while (request := frames.take()) is not None:
                 yield request
 
     def exchange(self, request):
@@ -599,21 +671,21 @@ class FramedProxy(Server):
         The load-bearing method: what it returns is what the client gets, and
         where it stops is where the pool believes the upstream has finished.
         """
-        buffer = bytearray(buffer)   # grows in place: reading a long reply stays linear
         deadline = time.monotonic() + self.exchange_timeout   # for the whole reply, however it trickles
         if self.release == "framed":   # over when the framing finds the reply's end
-            parse = self.framing.reply_parser()   # keeps its place: a reply is parsed once
+            frames = Frames(self.framing.reply_parser, buffer)   # each byte parsed once
             try:
-                while (size := parse(buffer)) is None:
-                    if len(buffer) > self.framing.max_reply:
+                while (reply := frames.take()) is None:
+                    if len(frames.unread) > self.framing.max_reply:
                         raise OutOfStep(f"out of step: a reply longer than {self.framing.max_reply} bytes")
-                    if buffer:
+                    if frames.unread:
                         self.count("partial_replies")
-                    buffer += self.more_before(sock, deadline)
+                    frames.feed(self.more_before(sock, deadline))
             except ValueError as error:   # bytes no reply starts with: the upstream is out of step
                 raise OutOfStep(f"out of step: {error}") from None
-            return bytes(buffer[:size]), bytes(buffer[size:])
+            return reply, frames.rest()
         # "timeout": over when the upstream, once it has begun, says nothing for release_timeout
+        buffer = bytearray(buffer)   # grows in place: reading a long reply stays linear
         buffer += self.more_before(sock, deadline)
         poller = select.poll()   # not select(): that fails on descriptors above 1023
         poller.register(sock, select.POLLIN)

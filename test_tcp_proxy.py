@@ -292,8 +292,11 @@ def test_close_does_not_wait_out_a_gate_that_was_never_reached():
         assert client.read_to_eof() == b""
 
 
-def test_module_stays_under_its_line_ceiling_at_415_lines_of_code():
-    assert code_lines(HERE / "tcp_proxy.py") == 415 <= 435
+LINE_CEILING = 470   # lines of code tcp_proxy.py may hold (COMMENTARY.md's appendix A.1)
+
+
+def test_the_lesson_module_stays_under_its_line_ceiling():
+    assert code_lines(HERE / "tcp_proxy.py") <= LINE_CEILING
 
 
 # --- the demo ----------------------------------------------------------------------

@@ -26,7 +26,7 @@ Map of the module:
                             the rule it breaks; refusal(request) reads it
     Resp                    the framing object FramedProxy takes (max_reply, reply_size(),
                             reply_parser(), request_parser(), request_size(), fits(),
-                            refusal(), error()); RESP = Resp() is the one to use
+                            refusal(), session(), error()); RESP = Resp() is the one to use
 
 The five RESP2 types, each opening with one type byte and a line ended by b"\\r\\n":
     +OK            simple string      -ERR ...     error         :42      integer
@@ -40,6 +40,8 @@ redis-server reads them. A b"\\r" that is not followed by b"\\n" ends no line he
 it makes the message malformed.
 """
 import re
+
+from tcp_proxy import Session
 
 MAX_REPLY = 1 << 20     # the longest reply a pool will buffer (Redis allows 512 MB; a toy does not)
 MAX_REQUEST = 1 << 20   # the longest request array it will buffer
@@ -268,6 +270,10 @@ class Resp:
     def refusal(self, request):
         """Why this request may not reach a pooled connection (a message), or None."""
         return refusal(request)
+
+    def session(self):
+        """What the pool keeps of one client between its requests (tcp_proxy.Session)."""
+        return Session(self)
 
     def error(self, message):
         """An error reply in RESP's own form: one line, so no line break survives in it."""

@@ -219,7 +219,7 @@ def figures():
     split = demo.SPLIT_AT
     timeout = inspect.signature(FramedProxy).parameters["release_timeout"].default
     lines = code_lines(HERE / "tcp_proxy.py")
-    ceiling = number_in(HERE / "test_tcp_proxy.py", r"== \d+ <= (\d+)")
+    ceiling = number_in(HERE / "test_tcp_proxy.py", r"LINE_CEILING = (\d+)")
     reruns = number_in(HERE / "test_tcp_proxy.py", r"for _ in range\((\d+)\)\]")
     check_runs = number_in(HERE / "Makefile", r"seq (\d+)")
     few_cap = number_in(HERE / "test_tcp_proxy.py", r"FramedProxy\(upstream.addr, pool_cap=(\d+)\) as proxy:\n"

@@ -36,7 +36,7 @@ def verdict_of(exercise, *arguments):
 # --- the exercises: the verdict changes with the rows ---------------------------------
 
 def test_keeping_the_bytes_past_a_reply_leaves_the_fit_check_answering_every_request_with_an_error():
-    exercise = exercise_that_removes("return bytes(buffer[:size]), bytes(buffer[size:])")   # exercise 10.2
+    exercise = exercise_that_removes("return reply, frames.rest()")   # exercise 10.2
     assert verdict_of(exercise, "--only", "dishonest") == [
         "  verdict: the pool that trusts hands out 4 of 6 wrong; "
         "the pool that checks closes the connection it was read on and hands out nothing wrong "
