@@ -99,6 +99,27 @@ def project_files():
     return sorted(found)
 
 
+WHY = "cannot apply: "   # what edited() returns in front of its reason
+
+
+def places(exercise, source):
+    """Where in source the exercise's removed lines stand, whole lines, indentation and all."""
+    lines, removed = source.splitlines(), exercise.removed
+    return [n for n in range(len(lines) - len(removed) + 1) if lines[n:n + len(removed)] == removed]
+
+
+def edited(exercise, source):
+    """The source with the exercise's diff applied exactly as printed, or WHY and the reason:
+    the removed lines must stand, as whole lines, in exactly one place."""
+    found = places(exercise, source)
+    if len(found) != 1:
+        return f"{WHY}{exercise.module} holds the removed lines {len(found)} times, not once: {exercise.removed!r}"
+    lines = source.splitlines()
+    start = found[0]
+    lines[start:start + len(exercise.removed)] = exercise.added
+    return "\n".join(lines) + "\n"
+
+
 def apply(exercise, directory):
     """Copy the project into directory and make the exercise's change there.
     Returns None, or why the change could not be made."""
@@ -107,12 +128,10 @@ def apply(exercise, directory):
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(HERE / path, target)   # with its time, which a compiled copy is checked against
     module = directory / exercise.module
-    source = module.read_text(encoding="utf-8")
-    old = "\n".join(exercise.removed) + "\n"
-    if source.count(old) != 1:
-        return f"{exercise.module} holds the removed lines {source.count(old)} times, not once: {old!r}"
-    module.write_text(source.replace(old, "".join(line + "\n" for line in exercise.added)),
-                      encoding="utf-8")
+    changed = edited(exercise, module.read_text(encoding="utf-8"))
+    if changed.startswith(WHY):
+        return changed.removeprefix(WHY)
+    module.write_text(changed, encoding="utf-8")
     hooks = directory / "tcp_proxy.py"
     shortened, replaced = HOOK_TIMEOUT.subn(r"\g<1>" + SHORT_HOOK_TIMEOUT, hooks.read_text())
     if replaced != 1:
@@ -205,6 +224,24 @@ def test_the_commentary_holds_at_least_six_exercises_each_complete():
             f"{exercise}: a one-line change removes one line and adds at most one")
         assert exercise.command, f"{exercise}: the question names no command to run"
         assert exercise.broken or exercise.failing, f"{exercise}: the answer states no evidence"
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: f"exercise{e.number}")
+def test_each_diff_as_printed_applies_to_one_place_and_leaves_python_that_compiles(exercise):
+    source = (HERE / exercise.module).read_text(encoding="utf-8")
+    changed = edited(exercise, source)
+    assert not changed.startswith(WHY), changed
+    compile(changed, exercise.module, "exec")   # a SyntaxError or IndentationError fails it
+
+
+def test_a_diff_line_indented_otherwise_than_the_source_applies_nowhere():
+    """A removed line must match a whole line of the source: the same line at another
+    indentation is another program, and a substring match would have run that one."""
+    line = "                self.last = client   # looks like the decision; scenario 3 shows it is not the fix"
+    assert line in (HERE / "tcp_proxy.py").read_text(encoding="utf-8").splitlines()
+    shallower = Exercise(0, "tcp_proxy.py", [line[4:]], [], None, [], [], 0)
+    assert edited(shallower, (HERE / "tcp_proxy.py").read_text(encoding="utf-8")).startswith(
+        f"{WHY}tcp_proxy.py holds the removed lines 0 times")
 
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: f"exercise{e.number}")
