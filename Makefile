@@ -1,4 +1,5 @@
-# make test   - a virtual environment with the test requirements, redis-server, then the whole suite
+# make test   - a virtual environment with the test requirements, redis-server, the redis-py
+#               venvs, then the whole suite
 # make check  - lint and test, then each transcript's determinism under load (four), then originality
 # make bench-redis - redis-benchmark through the project's Redis relays, socat, HAProxy, twemproxy
 # make pictures - run the scenarios and redraw pictures/*.svg from what they recorded (Part three's need redis-server)
@@ -8,7 +9,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: demo race managed part3 wild wild-venvs wild-table redis-server redis-peers test lint check golden pictures bench bench-quick bench-part3 bench-redis bench-tools soak clean
+.PHONY: demo race managed part3 wild wild-venvs wild-table redis-server test lint check golden pictures bench bench-quick bench-part3 bench-redis bench-tools soak clean
 
 demo:
 	$(PYTHON) demo.py
@@ -54,28 +55,15 @@ redis-server:
 	     apt-get install -y --no-install-recommends redis-server redis-tools < /dev/null; } || \
 	   echo "make: could not install redis-server; as root: apt-get install redis-server redis-tools"
 
-# The bench's Redis tests start twemproxy (Debian's nutcracker, in /usr/sbin): installed
-# as redis-server is, when missing (redis-benchmark comes with redis-server's redis-tools).
-redis-peers:
-	@{ command -v nutcracker || test -x /usr/sbin/nutcracker; } >/dev/null || \
-	   { export DEBIAN_FRONTEND=noninteractive; apt-get update && \
-	     apt-get install -y --no-install-recommends nutcracker < /dev/null; } || \
-	   echo "make: could not install nutcracker; as root: apt-get install nutcracker"
-
 $(VENV_PYTHON): requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV_PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
 	touch $(VENV_PYTHON)
 
-# Three workers (pytest-xdist) on two cores: many tests wait out a deadline or a
-# peer, and a third worker runs while one waits (-n 3 took 0.78 of -n 2's time here,
-# median of three alternating pairs; -n 4 was within the noise of -n 3 in sixteen pairs).
-# PYTHONDONTWRITEBYTECODE is emptied for the run: where it is set (it is on the
-# machines this was built on), pytest rewrites and compiles every test module
-# afresh in each worker, 1.9 s of a worker's 2.7 s collection here; with it
-# empty the bytecode is kept in __pycache__/, which git ignores. --dist loadgroup
-# keeps each module whose fixture runs many scenarios on one worker (xdist_group).
-test: $(VENV_PYTHON) redis-server redis-peers wild-venvs
+# -n 3: three workers on two cores (many tests wait on a peer). PYTHONDONTWRITEBYTECODE
+# emptied: compiled test modules are kept in __pycache__/. --dist loadgroup: a module marked
+# xdist_group runs on one worker, so its module-wide fixture runs once.
+test: $(VENV_PYTHON) redis-server wild-venvs
 	PYTHONDONTWRITEBYTECODE= $(VENV_PYTHON) -m pytest -q -n 3 --dist loadgroup
 
 # F: pyflakes' checks (unused imports and names, undefined names, redefinitions);

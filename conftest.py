@@ -1,21 +1,13 @@
-"""What every test shares, in three parts: the guard, the session's own costs, and the
-helpers the test files import.
+"""What every test shares: the guard, the order tests are dealt out in, and the helpers
+the test files import.
 
-The guard: no test may leave a thread running or a socket unclosed, nor make
-Python ignore an exception (one raised in __del__, say, which Python can only print).
+The guard: no test may leave a thread running or a socket unclosed, nor make Python
+ignore an exception (one raised in __del__, say, which Python can only print).
 
-An open socket that is dropped warns (ResourceWarning) when it is freed. Reference
-counting frees most at once; one caught in a reference cycle waits for the cycle
-collector, and a full gc.collect() after every test costs seconds of the suite.
-So the guard keeps a weak reference to every socket made during a test and runs
-the collector only when one of them is still open at the end: the only case in
-which an unclosed socket can be lying in unreachable garbage. A socket still open
-after that collection is reachable, and left open: that fails the test too.
-
-pytest's own watch for ignored exceptions (its unraisableexception plugin) is
-turned off in pytest.ini: it reports them only as warnings, and at the end of each
-of the four processes of `make test` it runs the collector five times over, a
-tenth of a second each in a worker here. The guard fails the test instead.
+An open socket that is dropped warns (ResourceWarning) when it is freed; one caught in
+a reference cycle waits for the cycle collector. So the guard keeps a weak reference to
+every socket made during a test and collects only when one of them is still open at
+the end; a socket still open after that is reachable, and left open: that fails too.
 """
 import gc
 import os
@@ -84,28 +76,11 @@ def no_leaks():
     assert not ignored_during_test, f"exceptions ignored: {ignored_during_test}"
 
 
-# --- the session's own costs: the order tests are dealt out in, the cycle collector ------
+# --- the order tests are dealt out in ---------------------------------------------------
 
 def pytest_collection_modifyitems(items):
-    """Tests marked `slow` (a second or more here) go first, in their own order. `make test`
-    deals tests out to its workers in collection order; a slow one dealt out last keeps
-    its worker busy after the others have run dry, while dealt out first the short ones
-    fill in around it."""
+    """Tests marked `slow` go first, so no worker is left running one after the rest finish."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
-def pytest_collection_finish(session):
-    """What is alive once the tests are collected (modules, hypothesis, the tests) lives to
-    the end: frozen, it is no longer walked by each full collection. Here that was about
-    0.2 s of a worker's run."""
-    gc.freeze()
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config):
-    """Everything alive now dies with the process: frozen, it is not walked by the
-    collection Python makes on the way out (0.4 s of a process's exit here, 0.1 s frozen)."""
-    gc.freeze()
 
 
 # --- helpers the test files share (imported as `from conftest import ...`) -------------

@@ -1,7 +1,7 @@
 """The demos' verdict lines are computed from the rows above them, so a broken
 run prints a verdict that says it is broken. Two of COMMENTARY.md's exercises
 break Part one's demo; each is applied to a copy of the project (as
-test_exercises.py does) and the verdict it prints must match its own rows. The
+tests/exercises.py does) and the verdict it prints must match its own rows. The
 verdict functions are also fed rows by hand, for the cases no exercise reaches.
 """
 import subprocess
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import demo
-from tests.test_exercises import EXERCISES, RUN_TIMEOUT, apply
+from tests.exercises import EXERCISES, RUN_TIMEOUT, apply
 from tcp_proxy import answer
 
 
