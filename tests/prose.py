@@ -9,7 +9,6 @@ ROOT = Path(__file__).parent.parent   # the project's root
 HERE = ROOT
 COMMENTARY = HERE / "COMMENTARY.md"
 TRANSCRIPTS = [HERE / "transcripts" / name for name in ("demo.txt", "managed.txt", "part3.txt", "wild.txt")]
-REFERENCE = HERE.parent / "shared" / "reference" / "tcp-proxy-commentary.txt"
 
 FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})[ \t]*([^\s`]*)")
 MODULE = re.compile(r"`([\w./-]+\.py)`")

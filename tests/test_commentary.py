@@ -1,5 +1,5 @@
 """COMMENTARY.md, kept honest: each test checks one kind of claim the commentary
-makes, against the code, the demo's checked-in transcripts and the line counter,
+makes, against the code and the demo's checked-in transcripts,
 so a change that makes the text stale turns `make test` red.
 
 The rules the tests enforce, written for the merged file as much as for Part one:
@@ -25,22 +25,17 @@ The rules the tests enforce, written for the merged file as much as for Part one
 
     python3 test_commentary.py    prints how many slices the tests check
 """
-import functools
 import inspect
-import os
 import re
-import tempfile
-import textwrap
 from pathlib import Path
 
 import pytest
 
 import demo
 from scaffolding import kit
-from tests.linecount import code_lines
 from tcp_proxy import MAX_LINE, FramedProxy, Hooks, Server, answer
 
-from tests.prose import (COMMENTARY, HERE, MODULE, REFERENCE, blocks_of, contiguous_at, fenced_blocks, headings, runs, section, text, transcripts, without_fences)
+from tests.prose import (COMMENTARY, HERE, MODULE, blocks_of, contiguous_at, fenced_blocks, headings, runs, section, text, transcripts, without_fences)
 
 
 # --- slices ------------------------------------------------------------------------
@@ -190,21 +185,9 @@ def number_in(thing, pattern):
     return int(found.group(1))
 
 
-def code_lines_of(thing):
-    """linecount's figure for one class or function of a module, counted by
-    linecount itself on a copy of its source."""
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as copy:
-        copy.write(textwrap.dedent(inspect.getsource(thing)))
-    try:
-        return code_lines(copy.name)
-    finally:
-        os.unlink(copy.name)
-
-
-@functools.cache   # four tests read it; the tree does not change during a run
 def figures():
     """Every phrase in which the commentary states a figure about the code, built
-    here from the code, the demo, the tests or the line counter, never typed in.
+    here from the code, the demo or the tests, never typed in.
     Phrases are compared with their whitespace collapsed, however the text wraps.
     A phrase whose condition no longer holds drops out, and its figure turns up
     as unchecked."""
@@ -218,8 +201,6 @@ def figures():
     top_cap = max(int(cap) for cap in caps.split(","))
     split = demo.SPLIT_AT
     timeout = inspect.signature(FramedProxy).parameters["release_timeout"].default
-    lines = code_lines(HERE / "tcp_proxy.py")
-    ceiling = number_in(HERE / "test_tcp_proxy.py", r"LINE_CEILING = (\d+)")
     reruns = number_in(HERE / "test_tcp_proxy.py", r"for _ in range\((\d+)\)\]")
     check_runs = number_in(HERE / "Makefile", r"seq (\d+)")
     few_cap = number_in(HERE / "test_tcp_proxy.py", r"FramedProxy\(upstream.addr, pool_cap=(\d+)\) as proxy:\n"
@@ -269,13 +250,6 @@ def figures():
         f"{Hooks.hook_timeout:g} s",
         f"runs it {reruns} times",
         f"demo {check_runs} times",
-        # the line budget
-        f"{lines} lines of code",
-        f"of those {lines}",
-        f"lifecycle takes {code_lines_of(Server)} and the hooks {code_lines_of(Hooks)}",
-        f"so {code_lines_of(Server) + code_lines_of(Hooks)} lines are scaffolding",
-        f"takes {code_lines_of(FramedProxy)}",
-        f"{ceiling - lines} line{'' if ceiling - lines == 1 else 's'} of headroom",
     ]
     conditions = {
         "port 0": '("127.0.0.1", 0)' in source_of(Server.__init__),
@@ -286,11 +260,6 @@ def figures():
     }
     return phrases + [phrase for phrase, holds in conditions.items() if holds]
 
-
-# Figures about the earlier implementation, quoted from its commentary: checked
-# against that text when ../shared/reference is present (it is in every CI run).
-EARLIER = {"357 lines of code": "or 357 excluding blanks and comments",
-           "300-line ceiling": "treat 300 as the hard ceiling"}
 
 # What is not a figure about the code: references and names that carry digits.
 NOT_FIGURES = re.compile("|".join([
@@ -332,7 +301,7 @@ def blank(pattern, line):
 
 def unchecked_figures(source=None):
     """(paragraph, numeral) for every numeral in Part one's prose that nothing checks."""
-    phrases = [flat(phrase) for phrase in figures() + list(EARLIER)]
+    phrases = [flat(phrase) for phrase in figures()]
     found = []
     for paragraph in re.split(r"\n\s*\n", without_fences(part_one(source))):
         if measured(paragraph):
@@ -394,18 +363,6 @@ def part_two_defaults():
 def test_part_two_defaults_table_states_the_defaults_managed_py_declares():
     defaults = flat(section(r"what you get by default"))
     assert [row for row in part_two_defaults() if flat(row) not in defaults] == []
-
-
-def test_the_line_count_stated_is_the_one_linecount_computes():
-    assert f"{code_lines(HERE / 'tcp_proxy.py')} lines of code" in flat(part_one())
-
-
-@pytest.mark.skipif(not REFERENCE.exists(), reason="the earlier implementation's commentary is not beside this clone")
-def test_figures_about_the_earlier_implementation_are_the_ones_its_commentary_states():
-    reference = " ".join(REFERENCE.read_text(encoding="utf-8").split())
-    source = flat(text())
-    for stated, quoted in EARLIER.items():
-        assert stated in source and quoted in reference, stated
 
 
 def test_the_figure_check_catches_an_unchecked_figure_and_spares_a_marked_one():
