@@ -128,7 +128,7 @@ def test_pipelined_client_is_served_without_another_recv():
         assert list(upstream.parsed) == ["GET alpha", "GET beta", "PING"] and proxy.opened == 1
 
 
-def test_framed_reader_stops_at_the_delimiter_and_bytes_past_it_make_the_connection_dirty():
+def test_framed_reader_stops_at_the_delimiter_and_bytes_past_it_are_dirty():
     with FramedProxy(("127.0.0.1", 9)) as proxy:
         ours, theirs = socket.socketpair()
         with ours, theirs:
@@ -141,12 +141,12 @@ def test_framed_reader_stops_at_the_delimiter_and_bytes_past_it_make_the_connect
             assert proxy.read_reply(ours, rest) == (b"beta=BBBBBBBBBBBB\n", b"")
 
 
-def test_framed_release_is_right_whether_the_upstream_writes_once_or_pauses_mid_reply():
+def test_framed_release_is_right_whether_a_reply_comes_whole_or_paused():
     assert demo.release_trial("framed", split=False) == 8
     assert demo.release_trial("framed", split=True) == 8
 
 
-def test_timeout_release_is_right_on_one_write_and_wrong_every_time_on_a_paused_reply():
+def test_timeout_release_is_right_on_one_write_and_wrong_on_a_paused_reply():
     assert demo.release_trial("timeout", split=False) == 8
     assert demo.release_trial("timeout", split=True) == 0
 
@@ -204,7 +204,7 @@ class DiesMidReply(Upstream):
         super().reply(conn, data)
 
 
-def test_upstream_that_dies_mid_reply_gives_an_err_line_and_its_connection_is_discarded():
+def test_upstream_that_dies_mid_reply_costs_an_err_line_and_its_connection():
     with DiesMidReply() as upstream, FramedProxy(upstream.addr, pool_cap=1) as proxy, \
             contextlib.ExitStack() as stack:
         client = connect(stack, proxy.addr)
@@ -248,7 +248,7 @@ def test_naive_relay_that_cannot_reach_its_upstream_leaves_no_thread_or_listener
 
 # --- scaffolding: hooks and lifecycle ------------------------------------------------
 
-def test_a_hook_that_times_out_raises_naming_the_counter_the_target_and_every_counter():
+def test_a_hook_that_times_out_names_its_counter_its_target_and_every_counter():
     with Upstream() as upstream:
         with pytest.raises(TimeoutError) as raised:
             upstream.wait_requests(1, timeout=0.05)
@@ -356,9 +356,9 @@ def test_race_says_its_numbers_are_one_runs_and_the_pool_makes_no_mistake(capsys
     assert [row.split()[1] for row in pool_rows] == ["0"] * 5
 
 
-# --- a dishonest upstream and hostile clients (issue 8) ------------------------------
+# --- a dishonest upstream and hostile clients ---------------------------------------
 
-def test_dishonest_scenario_trusting_pool_shifts_replies_and_the_framed_pool_closes_six_dirty_connections():
+def test_dishonest_scenario_trusting_pool_shifts_and_framed_pool_closes_dirty():
     received, proxy = demo.dishonest_trial(TrustingPool)
     assert received == {"A": [b"alpha1=AAAAAAAAAAAA\n", b"bravo1=BBBBBBBBBBBB\n", b"alpha2=AAAAAAAAAAAA\n"],
                         "B": [faults.EXTRA] * 3}
@@ -390,7 +390,7 @@ EXACT_OUTCOMES = {"extra": (6, 0), "drop-first": (5, 1), "endless": (0, 6), "mid
 
 
 @pytest.mark.parametrize("mode", MISBEHAVIOURS)
-def test_framed_pool_gives_each_client_its_own_reply_or_an_err_line_whatever_the_upstream_does(mode):
+def test_framed_pool_gives_its_own_reply_or_an_err_line_whatever_the_upstream(mode):
     later = lambda reply_number: time.sleep(0.02)   # the extra line comes 20 ms after its reply
     every, first, cut_at = MISBEHAVIOURS[mode]
     with FaultyUpstream(every=every, cut_at=cut_at, later=later) as upstream, \
@@ -451,7 +451,7 @@ with Upstream() as upstream:
 """
 
 
-def test_accept_loop_survives_running_out_of_descriptors_and_serves_again_once_they_are_free():
+def test_accept_loop_survives_running_out_of_descriptors_and_serves_again():
     server = subprocess.Popen([sys.executable, "-c", SERVE_WITH_FEW_DESCRIPTORS], cwd=HERE,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
@@ -470,7 +470,7 @@ def test_accept_loop_survives_running_out_of_descriptors_and_serves_again_once_t
         server.stdout.close()
 
 
-def test_close_returns_within_2_seconds_while_a_connect_waits_on_a_full_accept_queue(monkeypatch):
+def test_close_returns_promptly_while_a_connect_waits_on_a_full_accept_queue(monkeypatch):
     assert tcp_proxy.CONNECT_TIMEOUT + 0.4 <= 2.0   # close() waits out at most one connect
     monkeypatch.setattr(tcp_proxy, "CONNECT_TIMEOUT", 0.3)   # the same wait, shorter
     stalled = socket.create_server(("127.0.0.1", 0), backlog=0)   # listens, never accepts
@@ -490,7 +490,7 @@ def test_close_returns_within_2_seconds_while_a_connect_waits_on_a_full_accept_q
         assert time.monotonic() - started < 0.3 + 0.4
 
 
-def test_a_silent_upstream_costs_one_err_line_after_reply_timeout_and_close_is_prompt():
+def test_a_silent_upstream_costs_an_err_line_after_reply_timeout_and_prompt_close():
     with FaultyUpstream(every="skip") as upstream, \
             FramedProxy(upstream.addr, reply_timeout=0.2) as proxy, contextlib.ExitStack() as stack:
         client = connect(stack, proxy.addr)
@@ -504,7 +504,7 @@ def test_a_silent_upstream_costs_one_err_line_after_reply_timeout_and_close_is_p
         assert time.monotonic() - started < 0.5
 
 
-def test_close_shuts_every_socket_before_it_says_closed_so_a_held_reply_is_never_sent(monkeypatch):
+def test_close_shuts_every_socket_first_so_a_held_reply_is_never_sent(monkeypatch):
     attempted = threading.Event()
 
     class LateWriter(Upstream):
@@ -545,7 +545,7 @@ def test_a_client_that_never_reads_is_no_longer_read_and_memory_stays_bounded():
         assert upstream.requests < 400   # the reply queue's 64, and what the buffers hold
 
 
-def test_upstream_remembers_the_latest_1000_request_lines_and_counts_them_all():
+def test_upstream_remembers_its_latest_request_lines_and_counts_them_all():
     with Upstream() as upstream, contextlib.ExitStack() as stack:
         assert upstream.parsed.maxlen == 1000
         upstream.parsed = collections.deque(maxlen=3)

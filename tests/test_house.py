@@ -1,4 +1,4 @@
-"""The house's rules (issue 16), checked on the tree as it is: imports run one way,
+"""The house's rules, checked on the tree as it is: imports run one way,
 the lesson imports no scaffolding, and the top level holds only the card's files.
 Imports are read with `ast`, lazy ones inside functions included."""
 import ast

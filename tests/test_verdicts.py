@@ -35,7 +35,7 @@ def verdict_of(exercise, *arguments):
 
 # --- the exercises: the verdict changes with the rows ---------------------------------
 
-def test_keeping_the_bytes_past_a_reply_leaves_the_fit_check_answering_every_request_with_an_error():
+def test_keeping_bytes_past_a_reply_makes_the_fit_check_answer_each_with_an_error():
     exercise = exercise_that_removes("return reply, frames.rest()")   # exercise 10.2
     assert verdict_of(exercise, "--only", "dishonest") == [
         "  verdict: the pool that trusts hands out 4 of 6 wrong; "
@@ -43,7 +43,7 @@ def test_keeping_the_bytes_past_a_reply_leaves_the_fit_check_answering_every_req
         "(6 of 6 answered with an error)"]
 
 
-def test_deleting_the_last_writer_line_makes_the_headline_verdict_say_b_holds_neither_answer():
+def test_without_the_last_writer_line_the_headline_verdict_says_b_holds_neither():
     exercise = exercise_that_removes("self.last = client")   # exercise 10.6
     assert verdict_of(exercise, "--only", "headline") == [
         "  verdict: B holds neither answer (0 bytes); A, who asked for alpha, holds 0"]
@@ -61,7 +61,7 @@ def test_headline_verdict_names_what_b_holds():
         "  verdict: B holds its own (18 bytes); A, who asked for alpha, holds 19")
 
 
-def test_broadcast_verdict_claims_a_leak_to_everyone_only_when_each_client_holds_another_answer():
+def test_broadcast_verdict_claims_a_leak_to_all_only_when_each_holds_anothers():
     assert demo.broadcast_verdict({"A": ALPHA + BETA, "B": ALPHA + BETA}).endswith(
         "both clients hold both answers (37 and 37 bytes): the other routing rule leaks to everyone")
     assert demo.broadcast_verdict({"A": ALPHA, "B": ALPHA + BETA}) == (
