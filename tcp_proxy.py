@@ -33,9 +33,12 @@ The order a request takes through FramedProxy:
 import collections
 import contextlib
 import itertools
+import os
 import queue
 import select
+import signal
 import socket
+import sys
 import threading
 import time
 
@@ -160,6 +163,9 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
 
     close() (or leaving a `with` block) shuts every socket down, which wakes any
     thread blocked in recv(), joins every thread, then closes every socket.
+    workers=N (scaffolding, for the bench and the serve command): N processes, each a copy
+    of this server listening on the same port (SO_REUSEPORT: the kernel deals connections
+    out among them), so a relay uses every core; the counters count this process's share.
 
     Methods a subclass may override:
       handle(conn)              serve one accepted connection until it ends (every subclass does)
@@ -174,7 +180,7 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
     # opened       opened by this object to its upstream; bumped by connect()
     listen_addr = None   # where __init__ listens; None is 127.0.0.1, port 0; a subclass may say ("::1", 0)
 
-    def __init__(self):
+    def __init__(self, workers=1):
         super().__init__()
         # _lock guards the threads and sockets to join and close, `closed`, and any state a
         # subclass shares between threads; close() notifies it, so waiters see `closed`
@@ -182,14 +188,36 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
         self._threads = []
         self._sockets = set()
         self.closed = False
+        self.workers = workers
+        self._worker_pids = []   # the other workers' processes, ended by close()
         self.listen(self.listen_addr or ("127.0.0.1", 0))
 
     def listen(self, addr):
         """Listen on addr (port 0: a free port, then in .addr) and start accepting."""
         family = socket.getaddrinfo(*host_and_port(addr), type=socket.SOCK_STREAM)[0][0]   # "::1": IPv6
-        self._listener = socket.create_server(addr, family=family, backlog=LISTEN_BACKLOG)
+        self._listener = socket.create_server(addr, family=family, backlog=LISTEN_BACKLOG,
+                                              reuse_port=self.workers > 1)
         self.addr = self._listener.getsockname()
+        for _ in range(self.workers - 1):
+            self._start_worker(family)
         self.spawn(self._accept_loop)
+
+    def _start_worker(self, family):
+        """Fork a process that accepts on a listener of its own, on the same port, until close()
+        sends it SIGTERM; it then closes as this server does."""
+        if pid := os.fork():
+            self._worker_pids.append(pid)
+            return
+        try:
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # wakes accept(); close() below
+            self._listener.close()
+            self._listener = socket.create_server(self.addr, family=family, backlog=LISTEN_BACKLOG,
+                                                  reuse_port=True)
+            self._worker_pids = []
+            self._accept_loop()
+        finally:
+            self.close()
+            os._exit(0)
 
     def handle(self, conn):
         """Serve one accepted connection until it ends; each subclass says how."""
@@ -279,6 +307,9 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
         self._listener.close()
         for sock in self._sockets:   # what outlived its handler: pooled, shared sockets
             sock.close()
+        for pid in self._worker_pids:
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
 
     def __exit__(self, *exc_info):
         self.close()
@@ -573,11 +604,11 @@ class FramedProxy(Server):
     framing = LINES   # what a subclass that skips __init__ (Part two's ManagedProxy) frames with
 
     def __init__(self, upstream_addr, pool_cap=1, release="framed", release_timeout=0.05,
-                 framing=LINES, reply_timeout=5.0, exchange_timeout=10.0, checkout_timeout=5.0):
+                 framing=LINES, reply_timeout=5.0, exchange_timeout=10.0, checkout_timeout=5.0,
+                 workers=1):
         if release not in ("framed", "timeout"):
             raise ValueError(f"release is 'framed' or 'timeout', not {release!r}")
         host_and_port(upstream_addr)   # a bad address is refused before anything starts
-        super().__init__()
         self.upstream_addr = upstream_addr
         self.pool_cap = pool_cap
         self.framing = framing
@@ -586,9 +617,9 @@ class FramedProxy(Server):
         self.reply_timeout = reply_timeout
         self.exchange_timeout = exchange_timeout
         self.checkout_timeout = checkout_timeout
-        self.idle = []     # connections checked in, ready to lend
-        self.open = 0      # connections open now, idle or lent; never above pool_cap
-        self._pool = self._lock   # notified by checkin(), and by close() to end all waits
+        self.idle = []     # connections checked in, ready to lend; guarded by _lock, which
+        self.open = 0      # checkin() notifies; open: idle or lent, never above pool_cap
+        super().__init__(workers)   # last: it starts accepting (and any other workers)
 
     def handle(self, client):
         requests = self.requests(client)
@@ -635,8 +666,8 @@ class FramedProxy(Server):
     def checkout(self):
         """Lend an idle connection that is quiet, else open one below the cap, else wait
         (checkout_timeout at most: TimeoutError)."""
-        with self._pool:
-            if not self._pool.wait_for(lambda: self.idle or self.open < self.pool_cap or self.closed,
+        with self._lock:
+            if not self._lock.wait_for(lambda: self.idle or self.open < self.pool_cap or self.closed,
                                        self.checkout_timeout):
                 raise TimeoutError(f"no upstream connection free within {self.checkout_timeout:g} s")
             if self.closed:
@@ -654,14 +685,14 @@ class FramedProxy(Server):
     def checkin(self, sock, outcome):
         """Park a connection whose exchange was "released"; close it if the outcome is
         "discarded" or "dirty". The outcome names the counter it bumps."""
-        with self._pool:
+        with self._lock:
             if outcome == "released":
                 self.idle.append(sock)
             else:
                 self.open -= 1
                 if sock:   # None after a connect that failed: only its slot to free
                     self.forget(sock)
-            self._pool.notify()
+            self._lock.notify()
         self.count(outcome)
 
     def read_reply(self, sock, buffer=b""):
@@ -740,11 +771,11 @@ class PassthroughProxy(Relay):
     # returned   upstream bytes written to clients; bumped by the upstream-to-client pump
     # eofs       EOFs seen on either side; bumped after they are passed on
 
-    def __init__(self, upstream_addr, half_close=True):
+    def __init__(self, upstream_addr, half_close=True, workers=1):
         host_and_port(upstream_addr)   # a bad address is refused before anything starts
-        super().__init__()
         self.upstream_addr = upstream_addr
         self.half_close = half_close
+        super().__init__(workers)   # last: it starts accepting (and any other workers)
 
     def handle(self, client):
         upstream = self.connect(self.upstream_addr)
