@@ -265,11 +265,10 @@ class PlantedRedis(tcp_proxy.Server):
         self.wrong_get = wrong_get
 
     def handle(self, conn):
-        buffer = b""
+        frames = tcp_proxy.Frames(resp.RESP.reply_parser)   # a RESP array frames like a reply
         while data := tcp_proxy.recv(conn):
-            buffer += data
-            while (size := resp.reply_size(buffer)) is not None:   # a RESP array frames like a reply
-                request, buffer = buffer[:size], buffer[size:]
+            frames.feed(data)
+            while (request := frames.take()) is not None:
                 words = request.split(b"\r\n")[2::2][:int(request[1:request.index(b"\r\n")])]
                 conn.sendall(self.answer(words))
 
