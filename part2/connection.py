@@ -61,13 +61,12 @@ class Connection:
         self.client, self.loop = client, client.loop
         self.state = "connecting"
         self.sock = None
-        trusting = client.late_replies == "forget"   # scaffolding: no fit check
-        self.pipeline = Pipeline(client.framing, self._settled, check_fit=not trusting)
+        fit = client.late_replies != "forget"   # scaffolding: the forgetful client checks nothing
+        self.pipeline = Pipeline(client.framing, self._settled, check_fit=fit)
         self.waiting = collections.deque()   # runs placed, not yet queued: connecting, or no room
         self.connect_deadline = deadline     # the opening run's: the connect and the ping keep it
         self.ping = None
-        self.connected = False
-        self.ended = False
+        self.connected = self.ended = False
         self.pending = 0         # requests placed here and not yet settled, abandoned ones included
         self.abandoned = 0       # runs owed whose callers gave up
         self.idle_since = None
@@ -126,7 +125,8 @@ class Connection:
     def _send(self, run):
         self.pipeline.queue(run)
         self.client.sent += len(run.requests)
-        self.client._tell("sent", self, b"".join(run.requests))
+        if self.client.on_event:
+            self.client._tell("sent", self, b"".join(run.requests))
         self.loop.flush_soon(self)
 
     def flush(self):
@@ -194,7 +194,7 @@ class Connection:
             self._up("initial ping answered")
         else:
             client.replies += len(replies)
-        if not self.pipeline.owed and self.state == "up":
+        if not self.pipeline.owed and self.state == "up" and client.idle_timeout >= 0:
             self.idle_since = client.clock.now()
             if client.idle_timeout == 0 and not run.is_ping:
                 self.end("idle: closed after the last reply (idle_timeout 0)")

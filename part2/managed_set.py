@@ -117,6 +117,7 @@ class ManagedSet(Counted):
         self.own_loop = loop is None
         super().__init__(loop or Loop(clock))
         self.services, self.policy = list(services), policy
+        self.addrs = [addr for addr, _ in self.services]
         self.pending_calls_max, self.pending_calls_norm = pending_calls_max, pending_calls_norm
         self.idempotent_max, self.idempotent_wait = idempotent_max, idempotent_wait
         self.clock, self.on_event = self.loop.clock, on_event
@@ -149,7 +150,7 @@ class ManagedSet(Counted):
         if self._shut:
             raise ManagedError("set shut down")
         is_enabled = self.rcache.is_enabled
-        enabled = [is_enabled(addr) for addr, _ in self.services]   # every service, each time
+        enabled = [is_enabled(addr) for addr in self.addrs]   # every service, each time
         panic = self._panic_pick(tried) if self.own_cache and not any(enabled) else None
         order = (0,)   # one service: nothing to order
         if len(self.services) > 1:

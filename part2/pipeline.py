@@ -207,7 +207,7 @@ class ClientStream:
 
     def _place(self, entry):
         self.waiting.append(entry)
-        if len(self.waiting) == 1:
+        if entry.parked and len(self.waiting) == 1:   # the pool's own answer, with none before it
             self._advance()
 
     def replied(self, entry, replies):
