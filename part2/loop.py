@@ -30,7 +30,7 @@ from tcp_proxy import Hooks
 
 LOG = logging.getLogger("part2.managed")
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
-SELECT_MAX = 3600.0   # seconds one select() may wait (epoll's limit is weeks): then a turn looks again
+SELECT_MAX = 3600.0   # seconds one select() may wait (epoll's limit is weeks); it then looks again
 
 
 class Timer:
@@ -99,6 +99,7 @@ class Loop(Counted):
         self._callbacks = []      # (owner, function, args) for the end of the turn
         self.finished = []        # Calls completed this turn; their threads wake at its end
         self.thread = None        # the thread that turns it, once started
+        self.working = False      # a turn's work is under way (not its callbacks)
         self.stopping = False
         self.stopped = False
         self.clock.watch(self)
@@ -187,7 +188,12 @@ class Loop(Counted):
 
     def complete(self, call, start):
         """Hand start() to the loop and wait until `call` is done; its outcome. On the loop's
-        own thread the loop is turned here until then (a call made in a callback)."""
+        own thread the loop is turned here until then (a call made in an on_event callback);
+        in the middle of a turn's work (an availability callback) that would turn the loop
+        inside itself, so it is refused."""
+        if self.working and self.on_loop_thread():
+            raise ManagedError("a blocking call from inside a turn's work (an availability "
+                               "callback) is refused: make it from on_event or another thread")
         if not self.hand(start):
             raise ManagedError("shut down")
         if self.on_loop_thread():
@@ -222,6 +228,7 @@ class Loop(Counted):
     def run_once(self, block=True):
         """One turn. With block=False (or work already waiting) select() does not wait."""
         clock = self.clock
+        self.working = True
         timeout = 0
         if block and not self._handed and not self._writers:   # else work is waiting: no wait
             timeout = clock.timeout_until(self._next_deadline())
@@ -235,6 +242,7 @@ class Loop(Counted):
         writers, self._writers = self._writers, []
         for writer in writers:
             self._safely(writer.flush)
+        self.working = False
         self._end_turn()
 
     def _next_deadline(self):

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import need_redis
 from part2.managed import ManagedClient, ManagedError, ManagedSet, ReliabilityCache, ServiceUnavailable, VirtualClock
-from part2.managed_demo import in_background
+from part2.managed_demo import in_background, outcome
 from part3.resp import RESP
 from scaffolding.faults import FaultyUpstream
 from scaffolding.redis_server import redis_and_control
@@ -222,6 +222,24 @@ def test_a_callback_may_call_the_client_it_hears_from_even_on_the_initial_pings_
         assert heard.wait(Hooks.hook_timeout) and from_callback == [b"h=HHHHHHHHHHHH\n"]
         assert list(upstream.parsed) == ["PING", "GET a", "GET h"]
         client.shut_down()
+
+
+def test_a_blocking_call_from_an_availability_callback_is_refused_with_a_clear_error():
+    """The cache is asked in the middle of a turn's work: a call there would turn the loop
+    inside itself, so it is refused, and the pick it was asked for goes on."""
+    with FaultyUpstream() as upstream:
+        made = []
+
+        def availability(addr):
+            made.append(outcome(inner.call, b"GET inner\n"))   # on the loop's thread, mid-turn
+            return True
+        managed_set = ManagedSet([(upstream.addr, 1)], rcache=ReliabilityCache(availability=availability))
+        inner = ManagedClient(upstream.addr, loop=managed_set.loop, rcache=ReliabilityCache())
+        assert managed_set.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"
+        assert made == ["ManagedError: a blocking call from inside a turn's work (an availability "
+                        "callback) is refused: make it from on_event or another thread"]
+        assert list(upstream.parsed) == ["GET a"]
+        managed_set.shut_down()
 
 
 # --- over RESP -------------------------------------------------------------------------------

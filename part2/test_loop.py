@@ -139,14 +139,23 @@ def test_a_counters_waiters_are_woken_once_a_turn_however_often_it_moved():
     loop.shut_down()
 
 
-def test_a_call_made_on_the_loops_own_thread_turns_the_loop_until_it_is_done():
-    loop = started()
+def test_a_call_made_in_a_callback_on_the_loops_thread_turns_the_loop_until_it_is_done():
+    loop, got, done = started(), [], threading.Event()
 
-    def on_loop():
+    def in_a_callback():
         call = Call(b"x", loop)
-        loop.at(loop.clock.now(), lambda: call.replied(None, [b"answer"]))   # due at once, in a later turn
-        return loop.complete(call, lambda: None), loop.thread is threading.current_thread()
-    assert loop.ask(on_loop) == (b"answer", True)
+        loop.at(loop.clock.now(), lambda: call.replied(None, [b"answer"]))   # due at once, a turn later
+        got.append((loop.complete(call, lambda: None), loop.thread is threading.current_thread()))
+        done.set()
+    loop.hand(loop.queue_callback, ReliabilityCache(), in_a_callback)
+    assert done.wait(Hooks.hook_timeout) and got == [(b"answer", True)]
+    loop.shut_down()
+
+
+def test_a_call_made_in_the_middle_of_a_turns_work_is_refused_with_a_clear_error():
+    loop = started()
+    with pytest.raises(ManagedError, match="from inside a turn's work"):
+        loop.ask(loop.complete, Call(b"x", loop), lambda: None)   # a handed function is the turn's work
     loop.shut_down()
 
 
