@@ -11,9 +11,10 @@ Who turns it: a thread its owner starts (start(); shut_down() ends and joins it)
 owner itself, one run_once() at a time. Another thread never touches what the loop owns:
 it hands a function over (hand()), and the loop runs it in its next turn. A blocking call
 from a thread (complete()) hands its start over and waits on its own completion; one made
-on the loop's own thread (in a callback) turns the loop itself until it is done, as
-Ocamlnet's synchronous calls do. Every deadline is the clock's: on a VirtualClock time
-moves only in advance(), which wakes the loop; no one sleeps.
+on the loop's own thread in an on_event callback turns the loop itself until it is done, as
+Ocamlnet's synchronous calls do (in the middle of a turn's work it is refused). Every
+deadline is the clock's: on a VirtualClock time moves only in advance(), which wakes the
+loop; no one sleeps.
 """
 import collections
 import heapq

@@ -8,12 +8,13 @@ import threading
 import pytest
 
 from conftest import need_redis
-from part2.managed import ManagedClient, ManagedError, ManagedSet, ReliabilityCache, ServiceUnavailable, VirtualClock
+from part2.managed import (ManagedClient, ManagedError, ManagedSet, ReliabilityCache, ServiceUnavailable,
+                           VirtualClock)
 from part2.managed_demo import in_background, outcome
 from part3.resp import RESP
 from scaffolding.faults import FaultyUpstream
 from scaffolding.redis_server import redis_and_control
-from tcp_proxy import Hooks
+from tcp_proxy import Hooks, answer
 
 A = ("127.0.0.2", 7001)   # nothing listens there
 
@@ -22,8 +23,8 @@ def test_a_client_made_on_its_own_turns_one_loop_on_a_thread_of_its_own_that_shu
     before = set(threading.enumerate())
     with FaultyUpstream() as upstream:
         client = ManagedClient(upstream.addr)
-        assert [client.call(b"GET %d\n" % n) for n in range(3)] == [b"%d=%d" % (n, n) + b"%d" % n * 11 + b"\n"
-                                                                     for n in range(3)]
+        replies = [client.call(b"GET %d\n" % n) for n in range(3)]
+        assert replies == [answer(b"GET %d" % n) for n in range(3)]
         assert set(threading.enumerate()) - before - set(upstream._threads) == {client.loop.thread}
         client.shut_down()
         assert not client.loop.thread.is_alive() and client.loop.stopped
@@ -178,7 +179,7 @@ def test_on_event_tells_of_each_request_sent_call_timed_out_and_reply_with_the_c
         clock.advance(1.0)
         assert apple.result() == "MessageTimeout: no reply within 1.0s"
         upstream.release()
-        client.wait_discarded(1)   # apple's late reply, queued by the reader, told once the lock is let go
+        client.wait_discarded(1)   # apple's late reply: told in the turn that read it
         client.shut_down()
     steps = [event for event in told if event[0] != "transition"]
     assert [(kind, t, owed, ended) for kind, t, _, owed, ended, *_ in steps] == [
@@ -215,7 +216,7 @@ def test_a_callback_may_call_the_client_it_hears_from_even_on_the_initial_pings_
 
         def on_event(source, event):
             if event[1:3] == ("connecting", "up") and not from_callback:
-                from_callback.append(client.call(b"GET h\n"))   # on the loop's thread, from inside a turn
+                from_callback.append(client.call(b"GET h\n"))   # on the loop's thread, at a turn's end
                 heard.set()
         client = ManagedClient(upstream.addr, initial_ping=True, msg_timeout=5.0, on_event=on_event)
         assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"
@@ -233,7 +234,8 @@ def test_a_blocking_call_from_an_availability_callback_is_refused_with_a_clear_e
         def availability(addr):
             made.append(outcome(inner.call, b"GET inner\n"))   # on the loop's thread, mid-turn
             return True
-        managed_set = ManagedSet([(upstream.addr, 1)], rcache=ReliabilityCache(availability=availability))
+        cache = ReliabilityCache(availability=availability)
+        managed_set = ManagedSet([(upstream.addr, 1)], rcache=cache)
         inner = ManagedClient(upstream.addr, loop=managed_set.loop, rcache=ReliabilityCache())
         assert managed_set.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"
         assert made == ["ManagedError: a blocking call from inside a turn's work (an availability "

@@ -10,8 +10,8 @@ import pytest
 
 from part2 import client as clients
 from part2 import connection as connections
-from part2.managed import (CommunicationError, ManagedClient, MessageLost, MessageTimeout, ReliabilityCache,
-                           VirtualClock)
+from part2.managed import (CommunicationError, ManagedClient, MessageLost, MessageTimeout,
+                           ReliabilityCache, VirtualClock)
 from part2.loop import Loop
 from part2.managed_demo import in_background, outcome
 from part3.resp import RESP
@@ -51,7 +51,7 @@ def test_a_failed_initial_ping_fails_every_waiting_call_and_sends_no_user_reques
         client.shut_down()
 
 
-def test_a_deadline_that_passes_once_the_ping_is_sent_fails_its_caller_with_a_timeout_not_a_lost_message():
+def test_a_deadline_passing_once_the_ping_is_sent_fails_its_caller_with_a_timeout_not_a_lost_message():
     """The clock moves in the callback that hears the ping sent: its deadline has passed when
     the next turn looks. (With a thread per connection the write itself could come late: a
     request not written in time. On the loop the ping is written in the turn it is queued.)"""
@@ -63,11 +63,13 @@ def test_a_deadline_that_passes_once_the_ping_is_sent_fails_its_caller_with_a_ti
 
     with FaultyUpstream(every="skip") as upstream:
         client = ManagedClient(upstream.addr, initial_ping=True, msg_timeout=1.0, clock=clock,
-                               on_event=deadline_passes_once_the_ping_is_sent, rcache=ReliabilityCache())
+                               on_event=deadline_passes_once_the_ping_is_sent,
+                               rcache=ReliabilityCache())
         with pytest.raises(MessageTimeout, match="initial ping not answered within 1.0s"):
             client.call(b"GET a\n")
         assert (client.state, client.errors, client.sent) == ("down", 1, 1)
-        assert client.transition_log[-1] == ("connecting", "down", "initial ping not answered in time")
+        ended = ("connecting", "down", "initial ping not answered in time")
+        assert client.transition_log[-1] == ended
         upstream.wait_requests(1)
         assert list(upstream.parsed) == ["PING"]
         client.shut_down()
@@ -261,7 +263,7 @@ def test_the_framings_max_reply_bounds_a_reply_that_has_not_ended():
 
 # --- writes under their deadline ------------------------------------------------------------
 
-def test_a_request_larger_than_the_buffers_to_a_deaf_upstream_times_out_and_so_does_the_call_behind_it():
+def test_a_request_larger_than_the_buffers_to_a_deaf_upstream_times_out_and_so_does_the_one_behind():
     clock = VirtualClock()
     with FaultyUpstream(on_connect="deaf") as upstream:
         client = ManagedClient(upstream.addr, msg_timeout=0.5, clock=clock)

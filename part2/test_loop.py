@@ -17,7 +17,8 @@ from part2.managed import ReliabilityCache, VirtualClock
 from part2.managed_demo import in_background
 from tcp_proxy import Hooks
 
-LESSON_MODULES = ["clock", "cache", "calls", "loop", "pipeline", "connection", "client", "managed_set", "proxy"]
+LESSON_MODULES = ["clock", "cache", "calls", "loop", "pipeline", "connection", "client",
+                  "managed_set", "proxy"]
 
 
 def started(clock=None):
@@ -52,17 +53,20 @@ def test_virtual_clock_advance_refuses_nan_inf_and_negatives_and_moves_nothing()
 
 
 def test_every_clock_method_the_code_calls_is_documented_and_offered_by_both_clocks():
-    sources = "".join((ROOT / "part2" / f"{name}.py").read_text(encoding="utf-8") for name in LESSON_MODULES)
+    sources = "".join((ROOT / "part2" / f"{name}.py").read_text(encoding="utf-8")
+                      for name in LESSON_MODULES)
     called = set(re.findall(r"clock\.(\w+)\(", sources))
     assert called == {"now", "timeout_until", "watch", "unwatch"}
     for method in called:
         assert f"{method}(" in clocks.__doc__, method
-        assert callable(getattr(clocks.RealClock(), method)) and callable(getattr(VirtualClock(), method))
+        assert callable(getattr(clocks.RealClock(), method))
+        assert callable(getattr(VirtualClock(), method))
 
 
 def test_a_virtual_deadline_already_passed_wants_no_wait_and_a_later_one_waits_for_advance():
     clock = VirtualClock(start=3.0)
-    assert [clock.timeout_until(deadline) for deadline in (2.0, 3.0, 3.5, None)] == [0, 0, None, None]
+    waits = [clock.timeout_until(deadline) for deadline in (2.0, 3.0, 3.5, None)]
+    assert waits == [0, 0, None, None]
     real = clocks.RealClock()
     assert real.timeout_until(real.now() - 1) == 0 and real.timeout_until(None) is None
 
@@ -73,7 +77,10 @@ def test_what_many_threads_hand_over_at_once_all_runs_on_the_loops_thread():
     loop, ran = started(), []
     def note(n, i):
         ran.append((n, i, threading.current_thread()))
-    threads = [threading.Thread(target=lambda n=n: [loop.hand(note, n, i) for i in range(200)]) for n in range(8)]
+    def hand_over(n):
+        for i in range(200):
+            loop.hand(note, n, i)
+    threads = [threading.Thread(target=hand_over, args=(n,)) for n in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -144,7 +151,7 @@ def test_a_call_made_in_a_callback_on_the_loops_thread_turns_the_loop_until_it_i
 
     def in_a_callback():
         call = Call(b"x", loop)
-        loop.at(loop.clock.now(), lambda: call.replied(None, [b"answer"]))   # due at once, a turn later
+        loop.at(loop.clock.now(), lambda: call.replied(None, [b"answer"]))   # due now: a later turn
         got.append((loop.complete(call, lambda: None), loop.thread is threading.current_thread()))
         done.set()
     loop.hand(loop.queue_callback, ReliabilityCache(), in_a_callback)
@@ -155,7 +162,7 @@ def test_a_call_made_in_a_callback_on_the_loops_thread_turns_the_loop_until_it_i
 def test_a_call_made_in_the_middle_of_a_turns_work_is_refused_with_a_clear_error():
     loop = started()
     with pytest.raises(ManagedError, match="from inside a turn's work"):
-        loop.ask(loop.complete, Call(b"x", loop), lambda: None)   # a handed function is the turn's work
+        loop.ask(loop.complete, Call(b"x", loop), lambda: None)   # handed: it runs in a turn's work
     loop.shut_down()
 
 
@@ -176,7 +183,7 @@ def test_shut_down_joins_the_thread_closes_every_socket_and_refuses_what_comes_a
     clock = VirtualClock()
     loop = started(clock)
     near, far = socket.socketpair()
-    loop.hand(loop.watch, near, 1, lambda events: None)   # left open by its owner: the loop closes it
+    loop.hand(loop.watch, near, 1, lambda events: None)   # its owner left it open: closed
     loop.ask(lambda: None)
     loop.shut_down()
     far.close()

@@ -22,8 +22,8 @@ OTHER_HOST = ("127.0.0.3", 7001)
 
 def test_choose_takes_an_idle_client_then_a_new_one_then_the_least_busy_below_the_max_then_none():
     room, norm, most = 2, 1, 2
-    assert [choose(pending, room, norm, most) for pending in ([], [1], [1, 1], [2, 1], [2, 2])] == [
-        0, 1, 0, 1, None]   # new, new, the least busy (first of a tie), the least busy, none below the max
+    chosen = [choose(pending, room, norm, most) for pending in ([], [1], [1, 1], [2, 1], [2, 2])]
+    assert chosen == [0, 1, 0, 1, None]   # new, new, the least busy (first of a tie), again, none
 
 
 def test_choose_prefers_an_idle_client_to_a_busy_one_wherever_it_stands_and_has_no_max_by_default():
@@ -35,11 +35,11 @@ def test_choose_prefers_an_idle_client_to_a_busy_one_wherever_it_stands_and_has_
 def test_below_pending_calls_norm_the_busiest_client_is_packed_as_in_ocamlnet():
     norm = 3
     assert [choose(pending, 2, norm, None) for pending in ([0], [1], [2], [3])] == [0, 0, 0, 1]
-    assert choose([2, 1], 2, norm, None) == 0   # both below the norm: the busier, so the other can idle out
+    assert choose([2, 1], 2, norm, None) == 0   # both below the norm: the busier; the other idles out
 
 
 def test_balance_load_orders_services_by_pending_calls_and_failover_by_position_tried_ones_last():
-    assert list(service_order(3, [1, 0, 0], ())) == [1, 2, 0]   # balance_load: by load, ties by position
+    assert list(service_order(3, [1, 0, 0], ())) == [1, 2, 0]   # balance_load: by load, then position
     assert list(service_order(3, None, ())) == [0, 1, 2]        # failover: by position
     assert list(service_order(3, None, {0, 1})) == [2, 0, 1]
     assert list(service_order(3, [0, 5, 1], {2})) == [0, 1, 2]

@@ -29,7 +29,9 @@ class Counts:
 
 def pipeline(framing=LINES, check_fit=True):
     settled = []
-    core = Pipeline(framing, lambda run, replies, first: settled.append((run, len(replies), first)), check_fit)
+    def note(run, replies, first):
+        settled.append((run, len(replies), first))
+    core = Pipeline(framing, note, check_fit)
     return core, settled
 
 
@@ -76,7 +78,7 @@ def test_one_read_of_many_replies_settles_each_run_once_with_its_share():
     for run in runs:
         core.queue(run)
     core.feed(replies_to(b"a", b"b", b"c", b"d"))
-    assert [(run, count, first) for run, count, first in settled] == [(runs[0], 2, 0), (runs[1], 2, 0)]
+    assert settled == [(runs[0], 2, 0), (runs[1], 2, 0)]
     core.feed(replies_to(b"e"))
     assert settled[-1] == (runs[1], 1, 2) and not core.owed
 
@@ -152,7 +154,8 @@ def test_a_dropped_run_lets_its_reply_reach_the_run_behind_it_unless_the_fit_che
 def test_a_lost_connection_turns_every_request_still_owed_into_an_error_in_order():
     core, _ = pipeline()
     first, timed_out, last = Sink(), Sink(), Sink()
-    runs = [run_of(b"a", b"b", sink=first), run_of(b"c", sink=timed_out), run_of(b"d", b"e", sink=last)]
+    runs = [run_of(b"a", b"b", sink=first), run_of(b"c", sink=timed_out),
+            run_of(b"d", b"e", sink=last)]
     for run in runs:
         core.queue(run)
     runs[1].abandoned = True   # its caller was already told; its reply is owed all the same
@@ -202,7 +205,7 @@ def test_replies_leave_in_the_clients_order_whichever_entry_is_answered_first():
 def test_the_pools_own_answers_and_errors_take_their_place_among_the_replies():
     counts = Counts()
     stream = ClientStream(LINES, counts)
-    entries = stream.feed(b"GET a\n\nGET b\n")   # a blank line: refused by the pool itself, no upstream
+    entries = stream.feed(b"GET a\n\nGET b\n")   # a blank line: the pool refuses it itself
     assert [entry.requests for entry in entries] == [[b"GET a\n"], [b"GET b\n"]]
     entries[1].replied(None, [answer(b"GET b")])
     entries[0].failed(None, MessageLost("upstream closed the connection"))
