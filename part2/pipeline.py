@@ -202,7 +202,7 @@ class ClientStream:
     def _enter(self, requests):
         entry = Entry(self, requests)
         self.owed += len(requests)
-        self._place(entry)
+        self.waiting.append(entry)   # owed replies: nothing to write yet
         return entry
 
     def _place(self, entry):
@@ -214,13 +214,14 @@ class ClientStream:
         entry.left -= len(replies)
         self.owed -= len(replies)
         self.counts.answered += len(replies)
-        if entry is self.waiting[0]:
-            for reply in replies:
-                self.out += reply
-            self.writable()
-        else:
-            entry.parked += replies
+        if entry is not self.waiting[0]:
+            entry.parked += replies   # written once the entries before it are
+            return
+        for reply in replies:
+            self.out += reply
+        self.writable()
         if not entry.left:
+            self.waiting.popleft()
             self._advance()
 
     def failed(self, entry, error):
