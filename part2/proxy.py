@@ -150,7 +150,8 @@ class ProxyClient(ClientStream):
         else:
             for entry in self.feed(data):
                 self.proxy.managed_set.place(entry.requests, entry, self.proxy.retried)
-        self.loop.flush_soon(self)   # the pool's own answers; and the send phase settles the rest
+        if self.out or self.eof or self.ended or self.owed >= OWED_MAX:   # else its replies will
+            self.loop.flush_soon(self)   # the send phase writes, stops reading it, or closes it
 
     def writable(self):
         if self.gone:
