@@ -43,9 +43,10 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
     Methods a subclass may override: spawn(target) starts the loop's thread (the bench
     profiles through it).
     """
-    counters = {"connections": 0, "answered": 0, "failed": 0, "dropped": 0}
+    counters = {"connections": 0, "answered": 0, "failed": 0, "dropped": 0, "accept_errors": 0}
     # connections  accepted on .addr; answered  replies from an upstream passed back
     # failed       errors made from a ManagedError; dropped  clients closed for never reading
+    # accept_errors  accepts that failed (out of descriptors): the listener rested, then went on
     listen_addr = None   # None: 127.0.0.1, port 0; a subclass may say ("::1", 0)
 
     def __init__(self, services, idempotent=False, framing=LINES, msg_timeout=5.0,
@@ -80,6 +81,7 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
             except BlockingIOError:
                 return
             except OSError:   # out of descriptors, or an aborted connect: rest a moment, go on
+                self.count("accept_errors")
                 self.loop.unwatch(self._listener)
                 self.loop.at(self.loop.clock.now() + ACCEPT_BACKOFF, self._listen_again)
                 return

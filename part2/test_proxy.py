@@ -4,6 +4,7 @@ message timeout; bounded buffers; the pool's own answers in place; the demo's tr
 import contextlib
 import os
 import random
+import resource
 import socket
 import string
 import subprocess
@@ -112,6 +113,41 @@ def test_close_answers_what_is_owed_with_an_error_and_closes_every_socket():
             assert sock.recv(4096) == b"ERR MessageLost: client shut down\n"
             assert sock.recv(4096) == b""
         assert not proxy.loop.thread.is_alive() and proxy.loop.stopped
+
+
+def test_a_client_connection_that_cannot_be_set_up_is_closed_and_the_next_one_is_served(monkeypatch):
+    made = []
+
+    class FailsOnce(proxies.ProxyClient):
+        def __init__(self, proxy, sock):
+            if not made:
+                made.append("failed")
+                raise RuntimeError("a client that could not be set up")
+            super().__init__(proxy, sock)
+    monkeypatch.setattr(proxies, "ProxyClient", FailsOnce)
+    with FaultyUpstream() as upstream, ManagedProxy([(upstream.addr, 1)]) as proxy:
+        with socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as first:
+            assert first.recv(4096) == b""   # closed, not left hanging
+        assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
+        assert (made, proxy.connections, proxy.loop.handler_errors) == (["failed"], 1, 0)
+
+
+def test_an_accept_that_fails_for_want_of_descriptors_rests_the_listener_and_the_client_is_served():
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc to count the descriptors in use")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with FaultyUpstream() as upstream, ManagedProxy([(upstream.addr, 1)]) as proxy:
+        assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]   # the upstream connection is open
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 1, hard))
+            client = socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout)   # the last one
+            proxy.wait_accept_errors(1)   # accept() found no descriptor for it
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        with client:
+            client.sendall(b"GET b\n")
+            assert client.recv(4096) == b"b=BBBBBBBBBBBB\n"   # once the listener has rested
+        assert proxy.connections == 2 and proxy.loop.handler_errors == 0
 
 
 # --- upstream failures, and replies out of step -----------------------------------------------
