@@ -34,14 +34,14 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
 
     It pipelines by default, as Ocamlnet's set does (pending_calls_max has no limit):
     each client's requests framed in one turn go as one run on one connection, after
-    every other client's; replies are matched in order, each checked by the framing's
-    fit. A lost, extra or mismatched reply is caught as out of step and costs the calls
-    on that connection an error, never another client's reply. A shared pipeline never
-    waits for ever: msg_timeout (5 s, fatal) ends a connection whose oldest call is
-    unanswered that long, every call owed on it answered with an error. framing= (LINES,
-    or resp.RESP in front of redis-server) frames both directions and writes the errors.
-    Methods a subclass may override: spawn(target) starts the loop's thread (the bench
-    profiles through it).
+    every other client's (a client below pending_calls_max takes a run whole); replies
+    are matched in order, each checked by the framing's fit. A lost, extra or mismatched
+    reply is caught as out of step and costs the calls on that connection an error, never
+    another client's reply. A shared pipeline never waits for ever: msg_timeout (5 s,
+    fatal) ends a connection whose oldest call is unanswered that long, every call owed
+    on it answered with an error. framing= (LINES, or resp.RESP in front of redis-server)
+    frames both directions and writes the errors. Methods a subclass may override:
+    spawn(target) starts the loop's thread (the bench profiles through it).
     """
     counters = {"connections": 0, "answered": 0, "failed": 0, "dropped": 0, "accept_errors": 0}
     # connections  accepted on .addr; answered  replies from an upstream passed back
@@ -55,17 +55,21 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
         check_seconds("msg_timeout", msg_timeout)
         super().__init__(Loop(set_options.get("clock")))
         self.framing = framing
-        self.managed_set = ManagedSet(services, framing=framing, msg_timeout=msg_timeout,
-                                      msg_timeout_is_fatal=msg_timeout_is_fatal, loop=self.loop,
-                                      **set_options)
         self.retried = ManagedSet.RETRIED_BY_CALL   # what a request is retried after
         if idempotent:
             self.retried = ManagedSet.RETRIED_BY_IDEMPOTENT_CALL
         self.clients = set()
         self.closed = False
-        addr = self.listen_addr or ("127.0.0.1", 0)
-        family = socket.getaddrinfo(*host_and_port(addr), type=socket.SOCK_STREAM)[0][0]   # or IPv6
-        self._listener = socket.create_server(addr, family=family, backlog=LISTEN_BACKLOG)
+        try:   # a setting the set refuses, or a listen that fails, leaves nothing open
+            self.managed_set = ManagedSet(services, framing=framing, msg_timeout=msg_timeout,
+                                          msg_timeout_is_fatal=msg_timeout_is_fatal,
+                                          loop=self.loop, **set_options)
+            addr = self.listen_addr or ("127.0.0.1", 0)
+            family = socket.getaddrinfo(*host_and_port(addr), type=socket.SOCK_STREAM)[0][0]
+            self._listener = socket.create_server(addr, family=family, backlog=LISTEN_BACKLOG)
+        except BaseException:
+            self.loop.shut_down()
+            raise
         self._listener.setblocking(False)
         self.addr = self._listener.getsockname()
         self.loop.watch(self._listener, READ, self._accept)

@@ -293,12 +293,14 @@ def test_an_upstreams_own_ipv6_address_works_for_a_client_and_a_proxy():
             assert proxy.managed_set.rcache.errors == 0
 
 
-def test_a_bad_address_is_a_value_error_at_once_and_leaves_nothing_made():
+def test_a_bad_address_or_setting_is_a_value_error_at_once_and_leaves_nothing_made():
     for bad in [("::1",), ("127.0.0.1", "7001"), ("127.0.0.1", 0), ("127.0.0.1", 70000),
                 ("127.0.0.1", 7001, 0), "127.0.0.1:7001", (b"127.0.0.1", 7001), ("", 7001)]:
         for make in (ManagedClient, lambda addr: ManagedSet([(addr, 1)]), lambda addr: ManagedProxy([(addr, 1)])):
             with pytest.raises(ValueError, match="an address is"):
                 make(bad)
+    with pytest.raises(ValueError, match="policy"):   # a setting only the set reads: nothing left open
+        ManagedProxy([(("127.0.0.1", 7001), 1)], policy="sometimes")
 
 
 # --- over RESP, before a real redis-server -----------------------------------------------------------
