@@ -172,7 +172,7 @@ def build_server(kind, upstream_addr, options):
     server_class = KINDS[kind] if isinstance(kind, str) else kind
     if options.get("profile"):
         server_class = type("Profiled" + server_class.__name__, (ProfiledThreads, server_class), {})
-    if kind != "lean-upstream":   # sockets_per_cpu 0: its threads wherever the OS puts them
+    if kind not in ("lean-upstream", "managed"):   # theirs (the loop: one thread) run unplaced
         sockets_per_cpu = options.get("sockets_per_cpu", placement.OneCpuPerGroup.sockets_per_cpu)
         server_class = placement.placed(server_class, sockets_per_cpu)
     framing = {"framing": options["framing"]} if options.get("framing") else {}

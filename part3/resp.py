@@ -51,6 +51,8 @@ LENGTH = re.compile(rb"-1|0|[1-9][0-9]{0,17}")   # a length or count: canonical,
 INTEGER = re.compile(rb"-?(0|[1-9][0-9]{0,18})")
 CR, LF = b"\r\n"   # as integers, what indexing a buffer gives
 BULK = re.compile(rb"\$(0|[1-9][0-9]{0,17})\r\n")   # a bulk string's line, the common case, read in one step
+ARRAY = re.compile(rb"\*([1-9][0-9]{0,17})\r\n")     # an array's line, when it holds something
+SIMPLE = re.compile(rb"[+-][^\r\n]*\r\n|:-?(?:0|[1-9][0-9]{0,18})\r\n|[$*]-1\r\n")   # a whole one-line reply
 INLINE_SPACE = re.compile(rb"[ \t\v\f]+")   # what separates an inline command's words
 
 
@@ -76,8 +78,12 @@ class Parser:
         self.lines = 0           # lines parsed, each once however the bytes came (the tests read it)
 
     def size(self, buffer):
-        if self.request and self.position == 0 and buffer[:1] not in (b"", b"*"):
+        if not buffer:   # nothing has arrived (a reader asks after every message it takes)
+            return None
+        if self.request and self.position == 0 and buffer[:1] != b"*":
             return self._inline(buffer)
+        if not self.searched and (whole := self._at_once(buffer)):   # the common case, in one step
+            return whole
         while self.still_to_read or self.bulk_end is not None:
             if self.bulk_end is not None:
                 if len(buffer) < self.bulk_end + 2:
@@ -93,6 +99,39 @@ class Parser:
                 return None
             self._element(line[:1], line[1:])
         return self.position
+
+    def _at_once(self, buffer):
+        """A message of the common shapes that has arrived whole (a one-line reply, a bulk
+        string, an array of bulk strings: every request a client library sends), read in one
+        pass; None for anything else, which the step by step parse then reads, or rejects."""
+        first = buffer[:1]
+        if first == b"*" and (head := ARRAY.match(buffer)):
+            count, position = int(head[1]), head.end()
+        elif self.request:
+            return None
+        elif first == b"$" and buffer[1:2] != b"-":
+            count, position = 1, 0
+        else:
+            line = SIMPLE.match(buffer)
+            return self._whole(1, line.end()) if line else None
+        if count * 3 > len(buffer):   # not all here (an element takes 3 bytes at least)
+            return None
+        match = BULK.match
+        for _ in range(count):
+            bulk = match(buffer, position)
+            if bulk is None:
+                return None
+            end = bulk.end() + int(bulk[1])
+            if buffer[end:end + 2] != b"\r\n":
+                return None
+            position = end + 2
+        return self._whole(count + (first == b"*"), position)
+
+    def _whole(self, lines, size):
+        if size > self.max_size:
+            return None   # the step by step parse says why
+        self.lines, self.position, self.searched, self.still_to_read = lines, size, size, 0
+        return size
 
     def _whole_bulk_strings(self, buffer):
         """Read the whole bulk strings that come next in one tight loop (a long array of them

@@ -9,13 +9,13 @@ that holds every reply to GET until the scenario lets exactly one through.
 Map of the module, in reading order:
 
     words(request)      a request's words: redis-py sends each command as a RESP array
-                        of bulk strings, framed here by resp.reply_size like a reply
+                        of bulk strings, framed here by tcp_proxy.Frames like a reply
     Exchange            one request the relay carried, and what became of its reply
                         ("passed", "held", then "let through" or "dropped")
     Conversation        one client connection: its socket, its own redis-server
                         connection, its exchanges
     HoldingRelay        tcp_proxy.Server: requests parsed and counted; replies framed
-                        by resp.reply_size; a reply to GET written only when a credit
+                        by tcp_proxy.Frames; a reply to GET written only when a credit
                         allows it, the oldest first; replies to anything else pass
     Client              what one redis-py client (a task) asked and what it got
     Reading             scaffolding on the client's side: a task waits for bytes
@@ -116,7 +116,7 @@ class Conversation:
 class HoldingRelay(tcp_proxy.Server):
     """Between redis-py and redis-server: every reply to GET is held until a credit.
 
-    One credit lets one whole reply (framed by resp.reply_size) through, the reply to
+    One credit lets one whole reply (framed by tcp_proxy.Frames) through, the reply to
     the oldest GET still held whose client has not hung up; a held reply whose client
     has hung up is dropped, and spends no credit. Replies to other commands (the
     CLIENT SETINFO newer redis-py sends on connect) pass at once.
@@ -164,11 +164,10 @@ class HoldingRelay(tcp_proxy.Server):
 
     def _requests(self, conversation):
         """Parse the client's requests (RESP arrays) and send each on, whole."""
-        buffer = bytearray()
+        frames = tcp_proxy.Frames(resp.RESP.reply_parser)   # an array frames like a reply
         while data := tcp_proxy.recv(conversation.client):
-            buffer += data
-            while (size := resp.reply_size(buffer)) is not None:
-                request, buffer = bytes(buffer[:size]), buffer[size:]
+            frames.feed(data)
+            while (request := frames.take()) is not None:
                 exchange = Exchange(conversation, words(request))
                 with self._changed:   # noted before it is sent: its reply may come back at once
                     conversation.exchanges.append(exchange)
@@ -182,11 +181,10 @@ class HoldingRelay(tcp_proxy.Server):
 
     def _replies(self, conversation):
         """Frame redis-server's replies; write each when its turn comes."""
-        buffer = bytearray()
+        frames = tcp_proxy.Frames(resp.RESP.reply_parser)
         while data := tcp_proxy.recv(conversation.upstream):
-            buffer += data
-            while (size := resp.reply_size(buffer)) is not None:
-                reply, buffer = bytes(buffer[:size]), buffer[size:]
+            frames.feed(data)
+            while (reply := frames.take()) is not None:
                 with self._changed:
                     exchange = conversation.unanswered.popleft()
                     if exchange.held:
@@ -391,13 +389,12 @@ def version():
 def store(addr):
     """SET each key to value-of-<key>, on a connection of the scenario's own."""
     with socket.create_connection(addr, timeout=tcp_proxy.Hooks.hook_timeout) as sock:
-        unread = b""
+        frames = tcp_proxy.Frames(resp.RESP.reply_parser)
         for key in KEYS:
             sock.sendall(f"SET {key} value-of-{key}\r\n".encode())
-            while (size := resp.reply_size(unread)) is None:
-                unread += tcp_proxy.more_of_reply(sock)
-            assert unread[:size] == b"+OK\r\n", unread
-            unread = unread[size:]
+            while (reply := frames.take()) is None:
+                frames.feed(tcp_proxy.more_of_reply(sock))
+            assert reply == b"+OK\r\n", reply
 
 
 def run(mode, control):

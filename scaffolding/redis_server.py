@@ -5,7 +5,7 @@ tests. A reader of the lesson need not read this module: it starts a real Redis 
     RedisServer        redis-server on a free port, no persistence, in a temporary
                        directory; close() stops it and waits for it
     RedisControl       the scenario's own connection to Redis (SET, CLIENT PAUSE)
-    read_resp()        one whole RESP reply from a socket, framed by resp.Parser
+    read_resp()        one whole RESP reply from a socket, framed by tcp_proxy.Frames
     redis_and_control()  both, ended as an ExitStack unwinds
 """
 import os
@@ -18,7 +18,7 @@ import time
 
 from part3 import resp
 from scaffolding.kit import free_port
-from tcp_proxy import Hooks
+from tcp_proxy import Frames, Hooks
 
 INSTALL_HINT = ("demo.py --part3 needs redis-server on PATH; install it with "
                 "'apt-get install redis-server' (Debian, Ubuntu) or 'brew install redis' (macOS)")
@@ -117,13 +117,13 @@ class RedisControl:
 
 def read_resp(reader):
     """One whole RESP reply from reader.sock, keeping what is read past it in reader.unread."""
-    reply_size = resp.Parser(resp.MAX_REPLY).size   # keeps its place: a long reply is parsed once
-    while (size := reply_size(reader.unread)) is None:
+    frames = Frames(resp.RESP.reply_parser, reader.unread)   # keeps its place: parsed once
+    while (reply := frames.take()) is None:
         data = reader.sock.recv(4096)
         if not data:
-            raise ConnectionResetError(f"EOF in the middle of a reply: {reader.unread!r}")
-        reader.unread += data
-    reply, reader.unread = reader.unread[:size], reader.unread[size:]
+            raise ConnectionResetError(f"EOF in the middle of a reply: {frames.rest()!r}")
+        frames.feed(data)
+    reader.unread = frames.rest()
     return reply
 
 

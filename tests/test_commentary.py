@@ -339,16 +339,19 @@ def test_every_figure_computed_here_is_stated_in_the_commentary():
 
 def part_two_defaults():
     """The rows of Part two's defaults table (section 15), built from the defaults that
-    ManagedProxy's parts declare: ManagedClient's, ManagedSet's and the cache's."""
+    ManagedProxy and its parts declare: its own, ManagedClient's, ManagedSet's, the cache's."""
     from part2 import managed
+    proxy = inspect.signature(managed.ManagedProxy).parameters
     client = inspect.signature(managed.ManagedClient).parameters
     managed_set = inspect.signature(managed.ManagedSet).parameters
     cache = managed.DEFAULTS
     no_limit = "no limit" if managed_set["pending_calls_max"].default is None else managed_set["pending_calls_max"].default
     ping = {False: "off", True: "on"}[client["initial_ping"].default]
-    assert client["msg_timeout"].default == client["idle_timeout"].default
+    fatal = "fatal" if proxy["msg_timeout_is_fatal"].default else "not fatal"
     return [
-        f"| `msg_timeout`, `idle_timeout` | {client['msg_timeout'].default:g} |",
+        f"| `msg_timeout` | {proxy['msg_timeout'].default:g} s, {fatal} (`ManagedClient`, `ManagedSet`: "
+        f"{client['msg_timeout'].default:g}) |",
+        f"| `idle_timeout` | {client['idle_timeout'].default:g} |",
         f"| `initial_ping` | {ping} |",
         f"| `pending_calls_max` / `pending_calls_norm` | {no_limit} / {managed_set['pending_calls_norm'].default} |",
         f"| `idempotent_max` / `idempotent_wait` | {managed_set['idempotent_max'].default} / "

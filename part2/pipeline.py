@@ -1,0 +1,258 @@
+"""pipeline: the socket-free core of Part two; the lesson's checkin, for many calls at once.
+
+    Pipeline      one upstream connection: runs of requests in, their bytes out (queue(),
+                  wrote()); the upstream's bytes in (feed()), each reply framed where it
+                  ends, fit-checked against the request it answers (framing.fits) and
+                  handed to that request's run, oldest first; lose() turns every reply
+                  still owed into an error, in order
+    OutOfStep     what feed() raises when the upstream says what no request asked for
+    ClientStream  one proxy client: its bytes in, whole requests out (framed by
+                  tcp_proxy.Frames, admitted by the framing's session), grouped as runs;
+                  the replies to them out as bytes, in the client's own order
+
+No socket, thread, clock or lock: the connection and the proxy drive them from the loop,
+and the tests drive them with bytes. A reply can only settle the oldest request owed: the
+protocol carries no request ids, so order is the only thing that matches them.
+"""
+import collections
+
+from tcp_proxy import Frames
+
+
+class OutOfStep(Exception):
+    """The upstream's bytes cannot be the replies owed: the connection must end. str() is
+    the reason it ends for; lost, what the calls owed on it are told; reply, the reply that
+    proved it (if one did); run, the run that reply failed to answer (if any)."""
+
+    def __init__(self, reason, lost=None, reply=None, run=None):
+        super().__init__(reason)
+        self.lost = lost or reason
+        self.reply, self.run = reply, run
+
+
+class Pipeline:
+    """The owed replies of one upstream connection, kept as runs, oldest first.
+
+    settled(run, replies, first) is called after each run's share of a read: replies
+    answered run.requests[first:first + len(replies)] (the run's sink has been told,
+    unless the run was abandoned: then they were thrown away). check_fit=False trusts
+    every reply (scaffolding: the forgetful client of the demo's first scenario)."""
+
+    def __init__(self, framing, settled, check_fit=True):
+        self.framing = framing
+        self.settled = settled
+        self.check_fit = check_fit
+        self.frames = Frames(framing.reply_parser)   # the reply being read keeps its place
+        self.owed = collections.deque()         # runs written (or being written), oldest first
+        self.out = bytearray()                   # requests queued and not yet written
+        self.unwritten = collections.deque()   # (end, run): runs whose last byte is not written
+        self.queued = 0        # bytes ever queued
+        self.written = 0       # bytes ever written
+        self.answered = False  # a reply has come: from now on an EOF may be quiet
+        self.lost = False      # lose() was called: nothing more is delivered
+
+    def queue(self, run):
+        """A run's requests go out after every request queued before them."""
+        for request in run.requests:
+            self.out += request
+            self.queued += len(request)
+        self.owed.append(run)
+        self.unwritten.append((self.queued, run))
+
+    def wrote(self, count):
+        """count bytes of out have been written; return the runs now written whole."""
+        del self.out[:count]
+        self.written += count
+        done = []
+        while self.unwritten and self.unwritten[0][0] <= self.written:
+            done.append(self.unwritten.popleft()[1])
+        return done
+
+    def is_written(self, run):
+        return not any(pending is run for _, pending in self.unwritten)
+
+    def feed(self, data):
+        """The upstream's bytes: every whole reply in them settles the oldest request owed."""
+        frames, owed = self.frames, self.owed
+        fits = self.framing.fits if self.check_fit else None
+        frames.feed(data)
+        run, replies, first = None, [], 0
+        try:
+            while not self.lost:
+                try:
+                    reply = frames.take()
+                except ValueError as error:   # bytes no reply starts with
+                    why = f"upstream out of step: a reply {self.framing!r} cannot frame ({error})"
+                    raise OutOfStep(why) from None
+                if reply is None:
+                    break
+                if run is None:
+                    if not owed:
+                        raise OutOfStep("a reply no call was waiting for", "unexpected reply",
+                                        reply)
+                    run, first = owed[0], owed[0].answered
+                if fits and not fits(run.requests[run.answered], reply):
+                    raise OutOfStep("a reply that does not fit its request",
+                                    "upstream out of step: a reply did not fit its request",
+                                    reply, run)
+                run.answered += 1   # the load-bearing line: a reply settles the oldest request owed
+                replies.append(reply)
+                self.answered = True
+                if run.answered == len(run.requests):
+                    owed.popleft()
+                    self._settle(run, replies, first)
+                    run, replies = None, []
+        finally:
+            if replies:   # the run's share so far, told before whatever ends the read
+                self._settle(run, replies, first)
+        if len(frames.unread) > self.framing.max_reply and not self.lost:
+            raise OutOfStep(f"upstream out of step: a reply longer than "
+                            f"{self.framing.max_reply} bytes")
+
+    def _settle(self, run, replies, first):
+        if not run.abandoned:
+            run.sink.replied(run, replies)
+        self.settled(run, replies, first)
+
+    def drop(self, run):
+        """Forget a run, so its reply goes to the run behind it: the bug scenario 1 shows."""
+        self.owed.remove(run)
+
+    def lose(self, error):
+        """The connection is lost: every request still owed gets error, oldest first; return
+        how many that was (abandoned ones included, whose callers already have theirs)."""
+        self.lost = True
+        owed, self.owed = self.owed, collections.deque()
+        lost = 0
+        for run in owed:
+            lost += run.owing_count()
+            run.fail(error)
+        return lost
+
+
+class Entry:
+    """One place in a proxy client's order: a run of its requests, or the bytes the
+    pool answered itself. The sink of that run: replies come to it in order."""
+    __slots__ = ("stream", "requests", "left", "parked")
+
+    def __init__(self, stream, requests, answer=None):
+        self.stream = stream
+        self.requests = requests       # what goes upstream ([] for an answer of the pool's)
+        self.left = len(requests)      # requests still owed a reply or an error
+        self.parked = [] if answer is None else [answer]   # what waits for the entries before
+
+    def replied(self, run, replies):
+        self.stream.replied(self, replies)
+
+    def failed(self, run, error):
+        self.stream.failed(self, error)
+
+
+class ClientStream:
+    """One proxy client, without its socket: requests in, replies out in its own order.
+
+    feed(data) returns the new entries whose requests must go upstream; `out` holds the
+    bytes to write to the client, each reply after the replies to every request before
+    it, whichever connection brought it. A request the framing cannot read ends the
+    stream: the client is told why after its earlier replies, and nothing after it is
+    read. counts is told answered (replies from upstream) and failed (errors made)."""
+
+    def __init__(self, framing, counts):
+        self.framing = framing
+        self.counts = counts
+        self.frames = Frames(framing.request_parser)
+        self.session = framing.session()   # what the pool answers itself, before any upstream
+        self.waiting = collections.deque()   # entries not yet written whole, in the client's order
+        self.out = bytearray()     # bytes for the client
+        self.owed = 0              # requests sent upstream and not yet answered
+        self.ended = False         # a request could not be framed: nothing more is read
+
+    def feed(self, data):
+        """The client's bytes; return the entries to send upstream, in order."""
+        if self.ended:
+            return []
+        frames, admit = self.frames, self.session.admit
+        frames.feed(data)
+        entries, requests = [], []
+        while True:
+            try:
+                request = frames.take()
+            except ValueError as error:   # the framing's: nothing after it can be framed
+                self.ended = True
+                self._answer(entries, requests, self.framing.error(str(error)))
+                return entries
+            if request is None:
+                break
+            answer = admit(request)
+            if answer is None:
+                requests.append(request)
+            else:
+                requests = self._answer(entries, requests, answer)
+        if requests:
+            entries.append(self._enter(requests))
+        return entries
+
+    def _answer(self, entries, requests, answer):
+        """The pool's own answer, after the requests before it; return a fresh run."""
+        if requests:
+            entries.append(self._enter(requests))
+        self._place(Entry(self, [], answer))
+        return []
+
+    def _enter(self, requests):
+        entry = Entry(self, requests)
+        self.owed += len(requests)
+        self.waiting.append(entry)   # owed replies: nothing to write yet
+        return entry
+
+    def _place(self, entry):
+        self.waiting.append(entry)
+        if entry.parked and len(self.waiting) == 1:   # the pool's own answer, with none before it
+            self._advance()
+
+    def replied(self, entry, replies):
+        entry.left -= len(replies)
+        self.owed -= len(replies)
+        self.counts.answered += len(replies)
+        if entry is not self.waiting[0]:
+            entry.parked += replies   # written once the entries before it are
+            return
+        for reply in replies:
+            self.out += reply
+        self.writable()
+        if not entry.left:
+            self.waiting.popleft()
+            self._advance()
+
+    def failed(self, entry, error):
+        message = self.framing.error(f"{type(error).__name__}: {error}")
+        self.counts.failed += entry.left
+        self.owed -= entry.left
+        if entry is self.waiting[0]:
+            self.out += message * entry.left
+            self.writable()
+        else:
+            entry.parked += [message] * entry.left
+        entry.left = 0
+        self._advance()
+
+    def _advance(self):
+        """Write what the entries at the head have, dropping each once it is whole."""
+        waiting = self.waiting
+        while waiting:
+            head = waiting[0]
+            if head.parked:
+                for reply in head.parked:
+                    self.out += reply
+                head.parked = []
+                self.writable()
+            if head.left:
+                return
+            waiting.popleft()
+
+    def writable(self):
+        """Bytes were added to out: a subclass with a socket arranges their send."""
+
+    def done(self):
+        """Nothing more to write: every entry answered and its bytes taken."""
+        return not self.waiting and not self.out

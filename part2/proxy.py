@@ -1,0 +1,198 @@
+"""proxy: ManagedProxy, twemproxy's shape built from the lesson's parts, on one loop.
+
+    ManagedProxy   a listener and every client connection on the set's loop; each client's
+                   requests framed, admitted by the framing's session and pipelined in
+                   order through a ManagedSet; close() ends it all
+    ProxyClient    one client connection: a ClientStream (pipeline.py) and its socket,
+                   read while its replies keep up, written once per turn
+
+The order a request takes: the turn reads the client -> ClientStream.feed(): framed
+(tcp_proxy.Frames), admitted (framing.session().admit(): None sends it on, bytes are the
+pool's own answer) -> one run per client per turn -> ManagedSet.place(): pick, the
+connection's queue -> one send upstream in the turn's send phase -> the replies, read,
+fit-checked, handed to each client in its own order -> one send per client.
+"""
+import contextlib
+import socket
+
+from part2.clock import check_seconds
+from part2.loop import READ, WRITE, Counted, Loop, start_thread
+from part2.managed_set import ManagedSet, check_services
+from part2.pipeline import ClientStream
+from tcp_proxy import LINES, LISTEN_BACKLOG, host_and_port
+
+ACCEPTS_PER_TURN = 64     # connections accepted in one turn; the rest wait for the next
+ACCEPT_BACKOFF = 0.05     # seconds the listener rests after accept() fails (out of descriptors)
+CLIENT_READ = 64 * 1024   # bytes asked of one recv() from a client
+OWED_MAX = 1024           # a client's requests in flight before it is read no more
+OUT_HIGH = 1 << 20        # bytes of replies waiting for a client before it is read no more
+OUT_MAX = 64 << 20        # bytes of replies a client that never reads may leave: then it is dropped
+
+
+class ManagedProxy(Counted, contextlib.AbstractContextManager):
+    """Many clients' requests over a ManagedSet's connections, pipelined, on one loop.
+
+    It pipelines by default, as Ocamlnet's set does (pending_calls_max has no limit):
+    each client's requests framed in one turn go as one run on one connection, after
+    every other client's (a client below pending_calls_max takes a run whole); replies
+    are matched in order, each checked by the framing's fit. A lost, extra or mismatched
+    reply is caught as out of step and costs the calls on that connection an error, never
+    another client's reply. A shared pipeline never waits for ever: msg_timeout (5 s,
+    fatal) ends a connection whose oldest call is unanswered that long, every call owed
+    on it answered with an error. framing= (LINES, or resp.RESP in front of redis-server)
+    frames both directions and writes the errors. Methods a subclass may override:
+    spawn(target) starts the loop's thread (the bench profiles through it).
+    """
+    counters = {"connections": 0, "answered": 0, "failed": 0, "dropped": 0, "accept_errors": 0}
+    # connections  accepted on .addr; answered  replies from an upstream passed back
+    # failed       errors made from a ManagedError; dropped  clients closed for never reading
+    # accept_errors  accepts that failed (out of descriptors): the listener rested, then went on
+    listen_addr = None   # None: 127.0.0.1, port 0; a subclass may say ("::1", 0)
+
+    def __init__(self, services, idempotent=False, framing=LINES, msg_timeout=5.0,
+                 msg_timeout_is_fatal=True, **set_options):
+        check_services(services)   # before anything is made: a bad address leaves nothing behind
+        check_seconds("msg_timeout", msg_timeout)
+        super().__init__(Loop(set_options.get("clock")))
+        self.framing = framing
+        self.retried = ManagedSet.RETRIED_BY_CALL   # what a request is retried after
+        if idempotent:
+            self.retried = ManagedSet.RETRIED_BY_IDEMPOTENT_CALL
+        self.clients = set()
+        self.closed = False
+        try:   # a setting the set refuses, or a listen that fails, leaves nothing open
+            self.managed_set = ManagedSet(services, framing=framing, msg_timeout=msg_timeout,
+                                          msg_timeout_is_fatal=msg_timeout_is_fatal,
+                                          loop=self.loop, **set_options)
+            addr = self.listen_addr or ("127.0.0.1", 0)
+            family = socket.getaddrinfo(*host_and_port(addr), type=socket.SOCK_STREAM)[0][0]
+            self._listener = socket.create_server(addr, family=family, backlog=LISTEN_BACKLOG)
+        except BaseException:
+            self.loop.shut_down()
+            raise
+        self._listener.setblocking(False)
+        self.addr = self._listener.getsockname()
+        self.loop.watch(self._listener, READ, self._accept)
+        self.loop.start(self.spawn)
+
+    def spawn(self, target):
+        return start_thread(target)
+
+    def _accept(self, events):
+        for _ in range(ACCEPTS_PER_TURN):
+            try:
+                sock, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError:   # out of descriptors, or an aborted connect: rest a moment, go on
+                self.count("accept_errors")
+                self.loop.unwatch(self._listener)
+                self.loop.at(self.loop.clock.now() + ACCEPT_BACKOFF, self._listen_again)
+                return
+            try:   # no error ends accepting: this connection is closed, the next is served
+                self.clients.add(ProxyClient(self, sock))
+                self.count("connections")
+            except Exception:
+                sock.close()
+
+    def _listen_again(self):
+        if not self.closed:
+            self.loop.watch(self._listener, READ, self._accept)
+
+    def close(self):
+        """Stop accepting, answer what is owed with errors (the set shut down), close every
+        socket and end the loop. Calling it again does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self.loop.stopped:
+            self.loop.ask(self._close_on_loop)
+        self.loop.shut_down()
+
+    def _close_on_loop(self):
+        self.loop.forget(self._listener)
+        self.managed_set.shut_down()   # first: a client owed a reply gets an error instead
+        for client in list(self.clients):
+            client.flush()   # one last send, the errors included: whatever fits, goes
+            client.close()
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+
+class ProxyClient(ClientStream):
+    """One client connection on the loop: read while its replies keep up, written once per turn.
+
+    After its EOF (or a request that could not be framed) it is closed once every reply
+    it is owed has been written; a client that has gone has its replies read and dropped."""
+
+    def __init__(self, proxy, sock):
+        super().__init__(proxy.framing, proxy)
+        self.proxy, self.loop, self.sock = proxy, proxy.loop, sock
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reading = True      # not at EOF, not paused
+        self.eof = False
+        self.gone = False
+        self.flushing = False
+        self.watching = 0
+        self.loop.want(self, READ)
+
+    def ready(self, events):
+        if events & READ:
+            self._read()
+        if events & WRITE:
+            self.loop.flush_soon(self)
+
+    def _read(self):
+        try:
+            data = self.sock.recv(CLIENT_READ)
+        except BlockingIOError:
+            return
+        except OSError:   # a reset: the client has gone
+            data = b""
+        if not data:
+            self.eof = True
+        else:
+            for entry in self.feed(data):
+                self.proxy.managed_set.place(entry.requests, entry, self.proxy.retried)
+        if self.out or self.eof or self.ended or self.owed >= OWED_MAX:   # else its replies will
+            self.loop.flush_soon(self)   # the send phase writes, stops reading it, or closes it
+
+    def writable(self):
+        if self.gone:
+            self.out.clear()
+        elif not self.flushing:
+            self.loop.flush_soon(self)
+
+    def flush(self):
+        """The turn's one send to this client, then what it is watched for."""
+        self.flushing = False
+        if self.gone:
+            return
+        if self.out:
+            try:
+                sent = self.sock.send(self.out)
+            except BlockingIOError:
+                sent = 0
+            except OSError:   # it has gone: what it is still owed is read and dropped
+                self.close()
+                return
+            del self.out[:sent]
+            if len(self.out) > OUT_MAX:   # it does not read its replies: it may not hold them all
+                self.proxy.count("dropped")
+                self.close()
+                return
+        if (self.eof or self.ended) and self.done():
+            self.close()
+            return
+        keeping_up = self.owed < OWED_MAX and len(self.out) < OUT_HIGH   # else: back-pressure
+        self.reading = keeping_up and not (self.eof or self.ended)
+        self.loop.want(self, (READ if self.reading else 0) | (WRITE if self.out else 0))
+
+    def close(self):
+        if not self.gone:
+            self.gone = True
+            self.out.clear()
+            self.loop.forget(self.sock)
+            self.proxy.clients.discard(self)

@@ -1,0 +1,212 @@
+"""The clocks' and the loop's claims (part2/clock.py, part2/loop.py): time moves only in
+advance(), which wakes the loop; a turn runs what other threads handed over, fires the
+deadlines passed, sends once per writer, then makes its callbacks, its completions and
+its hook wake-ups; no error ends a turn."""
+import math
+import re
+import socket
+import threading
+
+import pytest
+
+from conftest import ROOT
+from part2 import clock as clocks
+from part2.calls import Call, ManagedError
+from part2.loop import Counted, Loop
+from part2.managed import ReliabilityCache, VirtualClock
+from part2.managed_demo import in_background
+from tcp_proxy import Hooks
+
+LESSON_MODULES = ["clock", "cache", "calls", "loop", "pipeline", "connection", "client",
+                  "managed_set", "proxy"]
+
+
+def started(clock=None):
+    loop = Loop(clock)
+    loop.start()
+    return loop
+
+
+# --- the clocks ------------------------------------------------------------------------
+
+def test_a_deadline_on_a_virtual_clock_fires_only_once_advance_passes_it():
+    clock = VirtualClock(start=2.0)
+    loop, fired = started(clock), threading.Event()
+    loop.hand(lambda: loop.at(5.0, fired.set))
+    loop.wait_turns(1)
+    turns = loop.turns
+    clock.advance(2.5)
+    loop.wait_turns(turns + 1)   # advance() woke the loop; its turn found nothing due
+    assert clock.now() == 4.5 and not fired.is_set()
+    clock.advance(0.5)
+    assert fired.wait(Hooks.hook_timeout) and clock.now() == 5.0
+    loop.shut_down()
+
+
+def test_virtual_clock_advance_refuses_nan_inf_and_negatives_and_moves_nothing():
+    clock = VirtualClock(start=1.0)
+    for bad in (math.nan, math.inf, -math.inf, -0.5):
+        with pytest.raises(ValueError, match="forward"):
+            clock.advance(bad)
+    clock.advance(0.5)
+    assert clock.now() == 1.5
+
+
+def test_every_clock_method_the_code_calls_is_documented_and_offered_by_both_clocks():
+    sources = "".join((ROOT / "part2" / f"{name}.py").read_text(encoding="utf-8")
+                      for name in LESSON_MODULES)
+    called = set(re.findall(r"clock\.(\w+)\(", sources))
+    assert called == {"now", "timeout_until", "watch", "unwatch"}
+    for method in called:
+        assert f"{method}(" in clocks.__doc__, method
+        assert callable(getattr(clocks.RealClock(), method))
+        assert callable(getattr(VirtualClock(), method))
+
+
+def test_a_virtual_deadline_already_passed_wants_no_wait_and_a_later_one_waits_for_advance():
+    clock = VirtualClock(start=3.0)
+    waits = [clock.timeout_until(deadline) for deadline in (2.0, 3.0, 3.5, None)]
+    assert waits == [0, 0, None, None]
+    real = clocks.RealClock()
+    assert real.timeout_until(real.now() - 1) == 0 and real.timeout_until(None) is None
+
+
+# --- the turn ---------------------------------------------------------------------------
+
+def test_what_many_threads_hand_over_at_once_all_runs_on_the_loops_thread():
+    loop, ran = started(), []
+    def note(n, i):
+        ran.append((n, i, threading.current_thread()))
+    def hand_over(n):
+        for i in range(200):
+            loop.hand(note, n, i)
+    threads = [threading.Thread(target=hand_over, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    loop.ask(lambda: None)   # handed after every other: once it has run, they all have
+    assert sorted((n, i) for n, i, _ in ran) == [(n, i) for n in range(8) for i in range(200)]
+    assert {on for _, _, on in ran} == {loop.thread}
+    loop.shut_down()
+
+
+def test_a_turns_callbacks_are_made_at_its_end_in_order_each_whatever_the_one_before_did():
+    loop, owner, made = Loop(), ReliabilityCache(), []
+
+    def note(number):
+        made.append((number, list(during)))
+        if number == 1:
+            raise RuntimeError("a bug in the user's callback")
+    during = []
+
+    def work():
+        during.append("work")
+        for number in (1, 2, 3):
+            loop.queue_callback(owner, note, number)
+        assert made == []   # nothing is made while the turn's work runs
+        during.clear()
+    loop.hand(work)
+    loop.run_once()
+    assert made == [(1, []), (2, []), (3, [])] and owner.callback_errors == 1
+    loop.run_once(block=False)
+    assert len(made) == 3   # each made once
+    loop.shut_down()
+
+
+def test_a_handler_that_raises_is_logged_once_counted_and_the_turn_goes_on(caplog):
+    loop, ran = Loop(), []
+    for number in range(3):
+        loop.hand(lambda: 1 / 0)
+        loop.hand(ran.append, number)
+    loop.run_once()
+    assert ran == [0, 1, 2] and loop.handler_errors == 3
+    assert len([record for record in caplog.records if record.name == "part2.managed"]) == 1
+    loop.shut_down()
+
+
+def test_a_counters_waiters_are_woken_once_a_turn_however_often_it_moved():
+    loop = Loop()
+
+    class Bumped(Counted):
+        counters = {"bumps": 0}
+
+    counted, wakes = Bumped(loop), []
+    notify_all = counted._changed.notify_all
+    counted._changed.notify_all = lambda: wakes.append(counted.bumps) or notify_all()
+    waiter = in_background(lambda: counted.wait_bumps(3) or b"woke")
+    while not counted.waiters:   # it counts itself in before it first looks
+        threading.Event().wait(0.001)
+    for _ in range(3):
+        loop.hand(counted.count, "bumps")
+    loop.run_once()
+    assert waiter.result() == "woke" and wakes == [3]
+    loop.run_once(block=False)
+    assert wakes == [3]   # no waiter, no wake-up
+    loop.shut_down()
+
+
+def test_a_call_made_in_a_callback_on_the_loops_thread_turns_the_loop_until_it_is_done():
+    loop, got, done = started(), [], threading.Event()
+
+    def in_a_callback():
+        call = Call(b"x", loop)
+        loop.at(loop.clock.now(), lambda: call.replied(None, [b"answer"]))   # due now: a later turn
+        got.append((loop.complete(call, lambda: None), loop.thread is threading.current_thread()))
+        done.set()
+    loop.hand(loop.queue_callback, ReliabilityCache(), in_a_callback)
+    assert done.wait(Hooks.hook_timeout) and got == [(b"answer", True)]
+    loop.shut_down()
+
+
+def test_a_call_made_in_the_middle_of_a_turns_work_is_refused_with_a_clear_error():
+    loop = started()
+    with pytest.raises(ManagedError, match="from inside a turn's work"):
+        loop.ask(loop.complete, Call(b"x", loop), lambda: None)   # handed: it runs in a turn's work
+    loop.shut_down()
+
+
+def test_a_thread_waits_for_its_call_until_the_turn_that_completes_it_has_made_its_callbacks():
+    loop, order = started(), []
+    call = Call(b"x", loop)
+
+    def start():
+        order.append("start")
+        loop.queue_callback(ReliabilityCache(), order.append, "callback")
+        call.replied(None, [b"answer"])
+    assert loop.complete(call, start) == b"answer"
+    assert order == ["start", "callback"]
+    loop.shut_down()
+
+
+def test_shut_down_joins_the_thread_closes_every_socket_and_refuses_what_comes_after():
+    clock = VirtualClock()
+    loop = started(clock)
+    near, far = socket.socketpair()
+    loop.hand(loop.watch, near, 1, lambda events: None)   # its owner left it open: closed
+    loop.ask(lambda: None)
+    loop.shut_down()
+    far.close()
+    assert not loop.thread.is_alive() and near.fileno() == -1 and loop.stopped
+    assert loop.hand(print) is False
+    with pytest.raises(ManagedError, match="shut down"):
+        loop.complete(Call(b"x", loop), lambda: None)
+    clock.advance(1.0)   # it no longer watches the clock: nothing to wake
+
+
+def test_shut_down_from_the_loops_own_thread_ends_it_once_the_turn_is_over():
+    loop = started()
+    loop.hand(loop.shut_down)
+    loop.thread.join(Hooks.hook_timeout)
+    assert not loop.thread.is_alive() and loop.stopped
+    loop.shut_down()   # again, from here: nothing left to do
+
+
+def test_a_deadline_further_off_than_a_select_can_wait_leaves_the_loop_turning():
+    loop = started()
+    loop.hand(lambda: loop.at(loop.clock.now() + 1e8, print))   # years: more than epoll can wait
+    loop.wait_turns(1)
+    loop.hand(lambda: None)
+    loop.wait_turns(2)   # the select() between them waited, and came back
+    assert loop.thread.is_alive() and loop.handler_errors == 0
+    loop.shut_down()

@@ -1,0 +1,357 @@
+"""ManagedProxy's claims (part2/proxy.py): every client on one loop, pipelined in order over
+the set's connections, each reply fit-checked and handed to the client that asked; the
+message timeout; bounded buffers; the pool's own answers in place; the demo's transcript."""
+import contextlib
+import os
+import random
+import resource
+import socket
+import string
+import subprocess
+import sys
+import threading
+import time
+import types
+
+import pytest
+
+from conftest import ROOT, need_redis
+from part2 import proxy as proxies
+from part2.managed import ManagedClient, ManagedProxy, ManagedSet, ReliabilityCache, VirtualClock
+from part2.managed_demo import ask, in_background
+from part2.test_connection import closed_port_addr
+from part3.resp import RESP
+from scaffolding import kit
+from scaffolding.faults import FaultyUpstream
+from scaffolding.redis_server import RedisControl, read_resp, redis_and_control
+from tcp_proxy import MAX_LINE, FramedProxy, Hooks, answer, read_lines, shutdown
+
+HERE = str(ROOT)
+
+
+# --- many clients, one loop ------------------------------------------------------------------
+
+def test_under_many_connected_clients_the_proxy_runs_one_thread_not_one_per_client():
+    before = threading.active_count()
+    with FaultyUpstream() as upstream, ManagedProxy([(upstream.addr, 1)]) as proxy, \
+            contextlib.ExitStack() as stack:
+        clients = [kit.Client("x", proxy.addr) for _ in range(200)]
+        for client in clients:
+            stack.callback(client.close)
+        for number, client in enumerate(clients):
+            client.send(b"GET c%d\n" % number)
+        replies = [client.read_line() for client in clients]
+        assert replies == [answer(b"GET c%d" % n) for n in range(200)]
+        proxy.wait_connections(200)
+        assert threading.active_count() - before < 50 - before   # fewer than 50 in the process
+        assert threading.active_count() - len(upstream._threads) - before == 1   # the loop's
+        assert (len(proxy.clients), upstream.connections, proxy.answered) == (200, 1, 200)
+
+
+def test_proxy_pipelines_every_clients_requests_over_one_connection_each_client_its_own_replies():
+    with FaultyUpstream(gate=8) as upstream:
+        with ManagedProxy([(upstream.addr, 1)], pending_calls_max=8) as proxy:
+            clients = [in_background(ask, proxy.addr, [f"GET {c}{n}" for n in range(3)])
+                       for c in "abcdefgh"]
+            replies = [client.result() for client in clients]
+    assert replies == [[f"{c}{n}={c.upper() * 12}" for n in range(3)] for c in "abcdefgh"]
+    assert upstream.connections == 1 and upstream.requests == 24
+
+
+def test_a_default_proxy_pipelines_once_its_connections_are_busy():
+    with FaultyUpstream(gate=3) as upstream:   # no reply until three requests are in
+        with ManagedProxy([(upstream.addr, 1)]) as proxy:
+            clients = [in_background(ask, proxy.addr, [f"GET {key}"]) for key in "abc"]
+            assert [client.result() for client in clients] == [[f"{key}={key.upper() * 12}"] for key in "abc"]
+    assert upstream.connections == 1
+
+
+def test_the_pools_own_answers_take_their_place_among_each_clients_replies():
+    with FaultyUpstream(gate=2) as upstream, ManagedProxy([(upstream.addr, 1)]) as proxy, \
+            socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as sock:
+        sock.sendall(b"GET a\n\nGET b\n")   # a blank line, which the pool refuses itself
+        lines = read_lines(sock)
+        assert [next(lines) for _ in range(3)] == [
+            b"a=AAAAAAAAAAAA", b"ERR tcp-proxy: an empty request", b"b=BBBBBBBBBBBB"]
+        assert (proxy.answered, upstream.requests) == (2, 2)
+
+
+def test_a_client_that_leaves_with_replies_owed_shifts_no_one():
+    with FaultyUpstream(gate=4) as upstream, ManagedProxy([(upstream.addr, 1)]) as proxy:
+        with socket.create_connection(proxy.addr) as leaving:
+            leaving.sendall(b"GET x1\nGET x2\nGET x3\nGET x")   # three and half a fourth, then gone
+            upstream.wait_requests(3)
+        assert ask(proxy.addr, ["GET b"]) == ["b=BBBBBBBBBBBB"]   # after the leaver's three replies
+        upstream.wait_replies(4)   # the leaver's three were read, and dropped
+        assert upstream.requests == 4 and proxy.answered == 4
+
+
+def test_a_client_that_never_reads_is_not_read_once_its_replies_pile_up_and_the_others_are_served():
+    request = b"GET %s\n" % (b"k" * 1000)
+    reply = answer(request[:-1])
+    with FaultyUpstream() as upstream, ManagedProxy([(upstream.addr, 1)]) as proxy, \
+            socket.create_connection(proxy.addr) as flooder:
+        flooder.settimeout(0.5)
+        with contextlib.suppress(TimeoutError):   # until nothing more goes: the proxy stopped reading
+            while True:
+                flooder.sendall(request * 64)
+        assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
+        (stream,) = [client for client in list(proxy.clients)
+                     if client.sock.getpeername() == flooder.getsockname()]
+        past = proxies.CLIENT_READ // len(request) + 1   # requests a read may bring past the bound
+        assert not stream.reading and stream.owed <= proxies.OWED_MAX + past
+        assert len(stream.out) <= proxies.OUT_HIGH + (proxies.OWED_MAX + past) * len(reply)
+
+
+def test_close_answers_what_is_owed_with_an_error_and_closes_every_socket():
+    with FaultyUpstream(every="skip") as silent:
+        proxy = ManagedProxy([(silent.addr, 1)])
+        with socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as sock:
+            sock.sendall(b"GET a\n")
+            silent.wait_requests(1)
+            proxy.close()
+            assert sock.recv(4096) == b"ERR MessageLost: client shut down\n"
+            assert sock.recv(4096) == b""
+        assert not proxy.loop.thread.is_alive() and proxy.loop.stopped
+
+
+def test_a_client_connection_that_cannot_be_set_up_is_closed_and_the_next_one_is_served(monkeypatch):
+    made = []
+
+    class FailsOnce(proxies.ProxyClient):
+        def __init__(self, proxy, sock):
+            if not made:
+                made.append("failed")
+                raise RuntimeError("a client that could not be set up")
+            super().__init__(proxy, sock)
+    monkeypatch.setattr(proxies, "ProxyClient", FailsOnce)
+    with FaultyUpstream() as upstream, ManagedProxy([(upstream.addr, 1)]) as proxy:
+        with socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as first:
+            assert first.recv(4096) == b""   # closed, not left hanging
+        assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
+        assert (made, proxy.connections, proxy.loop.handler_errors) == (["failed"], 1, 0)
+
+
+def test_an_accept_that_fails_for_want_of_descriptors_rests_the_listener_and_the_client_is_served():
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc to count the descriptors in use")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with FaultyUpstream() as upstream, ManagedProxy([(upstream.addr, 1)]) as proxy:
+        assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]   # the upstream connection is open
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 1, hard))
+            client = socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout)   # the last one
+            proxy.wait_accept_errors(1)   # accept() found no descriptor for it
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        with client:
+            client.sendall(b"GET b\n")
+            assert client.recv(4096) == b"b=BBBBBBBBBBBB\n"   # once the listener has rested
+        assert proxy.connections == 2 and proxy.loop.handler_errors == 0
+
+
+# --- upstream failures, and replies out of step -----------------------------------------------
+
+def test_proxy_answers_an_upstream_failure_with_an_err_line_and_idempotent_retries_it():
+    with FaultyUpstream() as upstream:
+        with ManagedProxy([(upstream.addr, 1)], idempotent_wait=0, rcache=ReliabilityCache()) as proxy:
+            upstream.fail_next(1)   # with no cache given, the error would disable the service for 1 s
+            assert ask(proxy.addr, ["GET a", "GET b"]) == [
+                "ERR MessageLost: upstream closed the connection", "b=BBBBBBBBBBBB"]
+            assert (proxy.answered, proxy.failed) == (1, 1)
+        with ManagedProxy([(upstream.addr, 1)], idempotent=True, idempotent_wait=0,
+                          rcache=ReliabilityCache()) as proxy:
+            upstream.fail_next(1)
+            assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
+
+
+def test_an_extra_line_from_upstream_never_reaches_another_client():
+    with FaultyUpstream(gate=2) as upstream:   # both requests are on the one connection before any reply
+        upstream.fail_next(1, how="extra")
+        with ManagedProxy([(upstream.addr, 1)], rcache=ReliabilityCache()) as proxy:
+            clients = [in_background(ask, proxy.addr, [f"GET {key}"]) for key in "ab"]
+            replies = [client.result()[0] for client in clients]
+    lost = "ERR MessageLost: upstream out of step: a reply did not fit its request"
+    assert replies in (["a=AAAAAAAAAAAA", lost], [lost, "b=BBBBBBBBBBBB"])   # whichever went first is right
+
+
+def test_a_dropped_reply_fails_both_calls_owed_and_idempotent_calls_are_retried_right():
+    with FaultyUpstream(gate=2) as upstream:
+        upstream.fail_next(1, how="skip")   # the first reply never comes; the second arrives first
+        with ManagedProxy([(upstream.addr, 1)], idempotent=True, idempotent_wait=0,
+                          rcache=ReliabilityCache()) as proxy:
+            clients = [in_background(ask, proxy.addr, [f"GET {key}"]) for key in "ab"]
+            assert [client.result() for client in clients] == [["a=AAAAAAAAAAAA"], ["b=BBBBBBBBBBBB"]]
+            assert proxy.managed_set.attempts == 4 and proxy.managed_set.clients[0][0].errors == 1
+    assert sorted(upstream.parsed) == ["GET a", "GET a", "GET b", "GET b"]
+
+
+def test_a_call_unanswered_within_the_message_timeout_ends_its_connection_every_call_owed_an_error():
+    clock = VirtualClock()
+    cache = ReliabilityCache(clock=clock)
+    with FaultyUpstream(hold={1, 2}) as upstream, \
+            ManagedProxy([(upstream.addr, 1)], clock=clock, rcache=cache) as proxy:
+        first = in_background(ask, proxy.addr, ["GET a"])
+        upstream.wait_requests(1)
+        clock.advance(2.5)
+        second = in_background(ask, proxy.addr, ["GET b"])
+        upstream.wait_requests(2)
+        clock.advance(2.5)   # a's call, 5 s old: the default message timeout, fatal
+        assert first.result() == ["ERR MessageTimeout: no reply within 5.0s"]
+        lost = "ERR MessageLost: another call's fatal message timeout closed the connection"
+        assert second.result() == [lost]
+        upstream.release()   # the replies come late, on a connection that has ended: unread
+        assert ask(proxy.addr, ["GET c"]) == ["c=CCCCCCCCCCCC"]
+        client = proxy.managed_set.clients[0][0]
+        assert (client.connects, client.errors, upstream.connections) == (2, 1, 2)
+        assert client.transition_log[2] == ("up", "down", "message timeout (fatal)")
+
+
+def test_a_default_proxy_in_front_of_a_dead_a_and_a_live_b_answers_at_once():
+    with FaultyUpstream() as live:
+        with ManagedProxy([(closed_port_addr(), 1), (live.addr, 1)], policy="failover") as proxy:
+            started = time.monotonic()
+            assert ask(proxy.addr, ["GET a", "GET b", "GET c"]) == [
+                "a=AAAAAAAAAAAA", "b=BBBBBBBBBBBB", "c=CCCCCCCCCCCC"]
+            assert time.monotonic() - started < 1.0 and proxy.managed_set.attempts == 4
+
+
+def test_a_one_service_proxy_whose_connects_are_refused_errs_at_once_and_answers_once_its_upstream_is_back():
+    upstream = FaultyUpstream()
+    upstream.close()
+    try:
+        with ManagedProxy([(upstream.addr, 1)]) as proxy:   # the defaults, with the set's own cache
+            started = time.monotonic()
+            assert ask(proxy.addr, ["GET a", "GET b", "GET c"]) == [
+                "ERR CommunicationError: cannot connect: Connection refused"] * 3
+            assert time.monotonic() - started < 1.0   # was 10.0 s to the first ERR: two idempotent_waits
+            # b and c found the only service disabled (a's window: 1 s, on the real clock) and tried it anyway
+            assert (proxy.managed_set.attempts, proxy.managed_set.retries, proxy.managed_set.refusals) == (3, 0, 0)
+            upstream.restart()
+            assert ask(proxy.addr, ["GET d"]) == ["d=DDDDDDDDDDDD"]   # at once, window or no window
+            assert proxy.managed_set.refusals == 0 and proxy.managed_set.rcache.is_enabled(upstream.addr)
+    finally:
+        upstream.close()
+
+
+def ask_once(addr, line):
+    """One request line through a proxy; its reply read whole, however long (ask() stops at MAX_LINE)."""
+    with socket.create_connection(addr, timeout=Hooks.hook_timeout) as sock:
+        sock.sendall(line)
+        reply = b""
+        while not reply.endswith(b"\n") and (data := sock.recv(65536)):
+            reply += data
+    return reply
+
+
+def test_a_request_just_over_max_line_is_answered_whole_as_framed_proxy_answers_it_and_disables_nothing():
+    key = b"k" * (MAX_LINE + 4)   # GET and 65,540 bytes: once cut to MAX_LINE, its own reply no longer fit it
+    honest = key + b"=KKKKKKKKKKKK\n"
+    with FaultyUpstream() as upstream:
+        with FramedProxy(upstream.addr) as framed:
+            assert ask_once(framed.addr, b"GET " + key + b"\n") == honest
+        with ManagedProxy([(upstream.addr, 1)]) as proxy:   # with the set's own cache, as a user gets it
+            assert ask_once(proxy.addr, b"GET " + key + b"\n") == honest
+            assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
+            client = proxy.managed_set.clients[0][0]
+            assert (proxy.answered, proxy.failed, client.errors, client.connects) == (2, 0, 0, 1)
+            assert proxy.managed_set.rcache.disables == 0
+
+
+# --- addresses ------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def upstream_on_ipv6_loopback():
+    """Scaffolding: the toy protocol served on ::1, one connection at a time; yields its .addr, a 4-tuple."""
+    listener = socket.create_server(("::1", 0), family=socket.AF_INET6)
+
+    def serve():
+        with contextlib.suppress(OSError):   # shutdown() below ends accept()
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    for line in read_lines(conn):
+                        conn.sendall(answer(line))
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()
+    finally:
+        shutdown(listener)
+        thread.join()
+        listener.close()
+
+
+def test_an_upstreams_own_ipv6_address_works_for_a_client_and_a_proxy():
+    with upstream_on_ipv6_loopback() as addr:
+        assert len(addr) == 4
+        client = ManagedClient(addr)
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n" and client.state == "up"
+        client.shut_down()
+        with ManagedProxy([(addr, 1)]) as proxy:
+            assert ask(proxy.addr, ["GET b", "PING"]) == ["b=BBBBBBBBBBBB", "PONG"]
+            assert proxy.managed_set.rcache.errors == 0
+
+
+def test_a_bad_address_or_setting_is_a_value_error_at_once_and_leaves_nothing_made():
+    for bad in [("::1",), ("127.0.0.1", "7001"), ("127.0.0.1", 0), ("127.0.0.1", 70000),
+                ("127.0.0.1", 7001, 0), "127.0.0.1:7001", (b"127.0.0.1", 7001), ("", 7001)]:
+        for make in (ManagedClient, lambda addr: ManagedSet([(addr, 1)]), lambda addr: ManagedProxy([(addr, 1)])):
+            with pytest.raises(ValueError, match="an address is"):
+                make(bad)
+    with pytest.raises(ValueError, match="policy"):   # a setting only the set reads: nothing left open
+        ManagedProxy([(("127.0.0.1", 7001), 1)], policy="sometimes")
+
+
+# --- over RESP, before a real redis-server -----------------------------------------------------------
+
+def test_a_managed_proxy_over_resp_writes_its_errors_in_resp_for_a_redis_client():
+    upstream = FaultyUpstream()
+    upstream.close()
+    try:
+        with ManagedProxy([(upstream.addr, 1)], framing=RESP) as proxy, \
+                socket.create_connection(proxy.addr, timeout=5) as client:
+            client.sendall(b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n")
+            assert client.recv(4096) == b"-ERR CommunicationError: cannot connect: Connection refused\r\n"
+    finally:
+        upstream.close()
+
+
+def test_a_managed_proxy_over_resp_gives_many_threads_their_own_random_values_over_one_redis_connection():
+    need_redis()
+    with contextlib.ExitStack() as stack:
+        redis, control = redis_and_control(stack)
+        proxy = stack.enter_context(ManagedProxy([(redis.addr, 1)], framing=RESP))
+
+        def wrong_values(seed):
+            """SET random keys to random values directly, then GET each through the proxy; count the wrong ones."""
+            chooser = random.Random(seed)
+            direct = RedisControl(redis.addr)
+            wrong = 0
+            with contextlib.closing(direct), socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as sock:
+                reader = types.SimpleNamespace(sock=sock, unread=b"")
+                for _ in range(50):
+                    key = f"managed:{seed}:{chooser.randrange(10 ** 9)}"
+                    value = "".join(chooser.choices(string.ascii_letters + string.digits, k=chooser.randint(1, 40)))
+                    assert direct.command(f"SET {key} {value}") == b"+OK\r\n"
+                    sock.sendall(f"GET {key}\r\n".encode())   # an inline command, as redis-server reads them
+                    wrong += read_resp(reader) != f"${len(value)}\r\n{value}\r\n".encode()
+            return wrong
+        workers = [kit.Background(wrong_values, seed) for seed in range(8)]
+        assert [worker.result() for worker in workers] == [0] * 8
+        (client,) = proxy.managed_set.clients[0]
+        assert (proxy.answered, proxy.failed, client.connects, client.errors) == (400, 0, 1, 0)
+        readers = [line for line in control.command("CLIENT LIST").split(b"\n") if b" cmd=get " in line]
+        assert len(readers) == 1   # every GET came over one connection (the direct ones last sent SET)
+
+
+# --- the transcript -----------------------------------------------------------------------------------
+
+def test_demo_managed_prints_the_golden_transcript_on_every_run():
+    with open(os.path.join(HERE, "transcripts", "managed.txt"), encoding="utf-8") as golden:
+        expected = golden.read()
+    for _ in range(3):
+        run = subprocess.run([sys.executable, "demo.py", "--managed"], cwd=HERE, capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout == expected
