@@ -13,7 +13,7 @@ from conftest import ROOT
 # parsed, 0.6 s) is cached per process, so it runs once per worker that needs it.
 pytestmark = pytest.mark.xdist_group("test_house")
 
-LESSON = {"tcp_proxy", "part2.managed", "part3.resp", "part3.tagged"}
+LESSON = {"tcp_proxy", "part2.managed", "part3.resp", "part3.commands", "part3.tagged"}
 TOP_LEVEL = {"tcp_proxy.py", "demo.py", "test_tcp_proxy.py", "COMMENTARY.md", "README.md", "Makefile",
              "conftest.py", "pytest.ini", "requirements-test.txt", ".gitignore", ".ci"}
 
