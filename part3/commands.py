@@ -62,10 +62,12 @@ KINDS = {
                      NEVER),
 }
 
-# Not in the table, so refused: the CLUSTER and MODULE families, ASKING, READONLY,
-# READWRITE and RESTORE-ASKING (a pool in front of one server is no cluster node), MIGRATE
-# (the server connects to another), PFDEBUG and PFSELFTEST (internals), and any command
-# newer than this table. Rows marked 7.2 are newer than redis-server 7.0.
+# Not in the table, so refused: the CLUSTER family, ASKING, READONLY, READWRITE and
+# RESTORE-ASKING (a pool in front of one server is no cluster node), MIGRATE (the server
+# connects to another), PFDEBUG and PFSELFTEST (internals), and any command newer than
+# this table. ACL WHOAMI is plain while the pool has no users of its own: every client of
+# it is the pool's upstream user, so the server's answer is the client's. CLIENT SETINFO, CLIENT NO-TOUCH and WAITAOF came with Redis 7.2
+# (redis-py 8 sends CLIENT SETINFO as it connects): their rows say what they do.
 TABLE = """
 # command               replies kind
 # -- connection and session
@@ -127,10 +129,10 @@ EXPIRETIME              :       plain
 KEYS                    *       server
 MOVE                    :       plain
 OBJECT ENCODING         $       plain
-OBJECT FREQ             :       plain
+OBJECT FREQ             :$      plain
 OBJECT HELP             *       plain
-OBJECT IDLETIME         :       plain
-OBJECT REFCOUNT         :       plain
+OBJECT IDLETIME         :$      plain
+OBJECT REFCOUNT         :$      plain
 PERSIST                 :       plain
 PEXPIRE                 :       plain
 PEXPIREAT               :       plain
@@ -355,7 +357,7 @@ MEMORY STATS            *       server
 ACL CAT                 *       plain
 ACL GENPASS             $       plain
 ACL HELP                *       plain
-ACL WHOAMI              $       session
+ACL WHOAMI              $       plain
 ACL DELUSER             :       server
 ACL DRYRUN              +$      server
 ACL GETUSER             *$      server
@@ -370,6 +372,11 @@ CONFIG GET              *       server
 CONFIG RESETSTAT        +       server
 CONFIG REWRITE          +       server
 CONFIG SET              +       server
+MODULE HELP             *       plain
+MODULE LIST             *       server
+MODULE LOAD             +       server
+MODULE LOADEX           +       server
+MODULE UNLOAD           +       server
 LATENCY HELP            *       plain
 LATENCY DOCTOR          $       server
 LATENCY GRAPH           $       server
@@ -412,7 +419,10 @@ def rows(table):
 
 
 COMMANDS = {row.name: row for row in rows(TABLE)}
-CONTAINERS = {row.name.split(b" ")[0] for row in COMMANDS.values() if b" " in row.name}
+# The commands that are containers of subcommands: the table's, and CLUSTER, which it lacks
+# (so that a refusal names the subcommand, `CLUSTER INFO`).
+CONTAINERS = {row.name.split(b" ")[0] for row in COMMANDS.values() if b" " in row.name} | \
+    {b"CLUSTER"}
 
 
 def name_of(items):
