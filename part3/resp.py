@@ -70,7 +70,8 @@ class Overlong(bytes):
     """A message longer than the pool keeps, read to its end and dropped: its bytes are the
     error that answers it, in RESP's form (so a pool passes it to the client as it passes
     any error), and it keeps what is known of the message: its size, the limit it went
-    past, its first bytes (head, HEAD at most), and whether it was a request."""
+    past, its first bytes (head: HEAD at most, as many as had come when the first were
+    dropped), and whether it was a request."""
     HEAD = 64
 
     def __new__(cls, size, limit, head, request):
@@ -220,6 +221,8 @@ class Parser:
         line = bytes(buffer[self.position:end])
         self.position = self.searched = end + 2
         self.lines += 1
+        if not self.over and self.dropped + self.position > self.max_size:
+            self._too_long(f"a message longer than {self.max_size} bytes")
         return line
 
     def _element(self, kind, line):

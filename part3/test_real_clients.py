@@ -7,6 +7,7 @@ connection), each checking that every value it reads is the one it wrote.
 The five findings of issue 18 are the tests named after what they prove:
 smuggling, session commands, blank lines, the quadratic framing, the unframeable reply.
 """
+import contextlib
 import os
 import random
 import re
@@ -207,6 +208,116 @@ def test_after_a_refused_multi_the_next_borrowers_set_is_not_queued_and_exec_is_
         assert redis_server.read_resp(reader_of(a)) == \
             b"-EXECABORT tcp-proxy: the transaction was refused at its MULTI; nothing in it ran\r\n"
     assert control.command("GET b-key") == b"$7\r\nb-value\r\n"
+
+
+# --- a transaction, whole or not at all ------------------------------------------------------
+
+MULTI_REFUSED = (b"-ERR tcp-proxy: MULTI is part of a transaction, state the connection keeps "
+                 b"until EXEC or DISCARD; a pool cannot lend it; the pool refuses the whole "
+                 b"transaction: nothing up to its EXEC or DISCARD is sent\r\n")
+EXEC_ABORTED = (b"-EXECABORT tcp-proxy: the transaction was refused at its MULTI; nothing in it "
+                b"ran\r\n")
+
+
+def not_sent(name):
+    return (b"-ERR tcp-proxy: %s not sent: the transaction it is queued in was refused at its "
+            b"MULTI\r\n" % name)
+
+
+@pytest.mark.parametrize("proxy_kind", ["FramedProxy", "ManagedProxy"])
+def test_a_redis_py_transaction_is_refused_whole_and_nothing_of_it_runs_however_often_retried(
+        redis, control, proxy_kind):
+    """redis-py's pipeline() is MULTI, its commands and EXEC in one write. Before: MULTI and
+    EXEC got errors and the commands between ran unqueued (n = 2, LLEN q = 1), so the
+    client was told it failed while half of it had run, and each retry ran it again."""
+    import redis as redis_py
+    control.command("DEL n q")
+    with REDIS_PROXIES[proxy_kind](redis, 1) as proxy:
+        client = redis_py_client(proxy)
+        try:
+            for _ in range(2):   # the second: a retry, as a client told it failed would
+                with client.pipeline() as pipe:
+                    pipe.incr("n").incr("n").lpush("q", "job")
+                    with pytest.raises(redis_py.ResponseError, match="MULTI is part of a"):
+                        pipe.execute()
+            assert client.set("after", "fine") is True   # the connection goes on
+        finally:
+            client.close()
+            client.connection_pool.disconnect()
+    assert (control.command("GET n"), control.command("LLEN q")) == (b"$-1\r\n", b":0\r\n")
+
+
+@pytest.mark.parametrize("proxy_kind", ["FramedProxy", "ManagedProxy"])
+def test_every_request_from_a_refused_multi_to_its_exec_or_discard_is_answered_and_never_sent(
+        redis, control, proxy_kind):
+    control.command("DEL t:a t:b")
+    control.command("CONFIG RESETSTAT")
+    with REDIS_PROXIES[proxy_kind](redis, 1) as proxy, \
+            socket.create_connection(proxy.addr, timeout=10) as client:
+        reader = reader_of(client)
+        client.sendall(array("MULTI") + array("SET", "t:a", 1) + b"\r\n" + array("MULTI") +
+                       array("EXEC", "now") + array("DISCARD") + array("SET", "t:b", 2) +
+                       array("multi") + b"GET t:b\r\n" + array("exec") + array("EXEC"))
+        replies = [redis_server.read_resp(reader) for _ in range(10)]
+    assert replies == [
+        MULTI_REFUSED, not_sent(b"SET"), not_sent(b"MULTI"), not_sent(b"EXEC"),   # a blank: nothing
+        b"+OK\r\n",                                  # DISCARD ends it, as redis-server's does
+        b"+OK\r\n",                                  # SET t:b, sent: the transaction is over
+        MULTI_REFUSED, not_sent(b"GET"), EXEC_ABORTED,
+        b"-ERR tcp-proxy: EXEC is part of a transaction, state the connection keeps until EXEC or "
+        b"DISCARD; a pool cannot lend it\r\n"]       # EXEC with no MULTI: refused alone
+    stats = control.command("INFO commandstats")
+    assert set(re.findall(rb"cmdstat_(\w+)", stats)) == {b"set", b"config"}   # SET t:b; RESETSTAT
+    assert (control.command("GET t:a"), control.command("GET t:b")) == (b"$-1\r\n", b"$1\r\n2\r\n")
+
+
+# --- a request too long to keep: read to its end, answered, never a reset -----------------------
+
+@pytest.mark.parametrize("proxy_kind", ["FramedProxy", "ManagedProxy"])
+def test_a_request_longer_than_the_pool_keeps_is_answered_too_long_and_its_client_goes_on(
+        redis, control, proxy_kind):
+    """redis-py's test_large_responses sets 5 MB. Before: the pool wrote its error and closed
+    while the client still wrote; the client saw Broken pipe or a reset, never the error."""
+    import redis as redis_py
+    control.command("DEL large")
+    value = b"v" * (2 << 20)   # 2 MiB: past max_request, however the pool's reads cut it
+    with REDIS_PROXIES[proxy_kind](redis, 1) as proxy:
+        client = redis_py_client(proxy)
+        try:
+            with pytest.raises(redis_py.ResponseError) as raised:
+                client.set("large", value)
+            sent = len(array("SET", "large", value))
+            assert str(raised.value) == (
+                f"tcp-proxy: a request of {sent} bytes is too long: longer than the 1048576 a pool "
+                f"keeps, so it was read to its end and dropped, never sent")
+            assert client.set("small", "fine") is True   # the same connection, past the long one
+            assert client.get("large") is None
+            assert proxy.connections == 1   # redis-py never had to connect again
+        finally:
+            client.close()
+            client.connection_pool.disconnect()
+
+
+def test_a_client_whose_bytes_cannot_be_framed_reads_its_error_then_the_end_never_a_reset(redis):
+    """The pool answers bytes it cannot frame with an error and ends the connection; the
+    client has 2 MB still on the way. Before: the pool closed with them unread, the kernel
+    sent a reset, and the client's next read failed (Connection reset by peer)."""
+    malformed = b"*1\r\r$4\r\rPING\r\r" + b"x" * (2 << 20)
+    with framed_pool(redis) as proxy, socket.create_connection(proxy.addr, timeout=10) as client:
+
+        def write():
+            with contextlib.suppress(OSError):   # a reset would end the write too: the read says
+                client.sendall(malformed)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        received = b""
+        try:
+            while data := client.recv(4096):
+                received += data
+        finally:
+            writer.join()
+    assert received == b"-ERR a \\r not followed by \\n: b'*1\\r\\r'\r\n"
 
 
 # --- finding 3: blank lines -----------------------------------------------------------------
