@@ -555,7 +555,9 @@ class FramedProxy(Server):
     and only if it is in step (in_step(), quiet()); release="timeout" checks it in
     once the upstream has been silent for release_timeout seconds, and checks nothing.
     The framing also says where each request ends, what is refused before any borrow
-    (an empty request; for Redis, what cannot be shared), and how an error is written.
+    (an empty request; for Redis, what the command table does not forward), and how an
+    error is written. A client whose bytes cannot be framed gets that error, then is read
+    to its end (drain_timeout, 5 s, at most), so it reads the error and not a reset.
     The deadlines, each costing the client an error in the protocol's form: the upstream
     silent for reply_timeout (5 s) mid-reply; the whole reply not in within exchange_timeout
     (10 s), however it trickles; no connection free for a borrower within checkout_timeout (5 s).
