@@ -66,8 +66,9 @@ KINDS = {
 # RESTORE-ASKING (a pool in front of one server is no cluster node), MIGRATE (the server
 # connects to another), PFDEBUG and PFSELFTEST (internals), and any command newer than
 # this table. ACL WHOAMI is plain while the pool has no users of its own: every client of
-# it is the pool's upstream user, so the server's answer is the client's. CLIENT SETINFO, CLIENT NO-TOUCH and WAITAOF came with Redis 7.2
-# (redis-py 8 sends CLIENT SETINFO as it connects): their rows say what they do.
+# it is the pool's upstream user, so the server's answer is the client's. CLIENT SETINFO,
+# CLIENT NO-TOUCH and WAITAOF came with Redis 7.2 (redis-py 8 sends CLIENT SETINFO as it
+# connects): their rows say what they do.
 TABLE = """
 # command               replies kind
 # -- connection and session

@@ -112,7 +112,7 @@ class Parser:
         self.max_size = max_size
         self.request = request
         self.overlong = overlong
-        self.inline = None       # for a request, once its first byte is in: is it an inline command?
+        self.inline = None       # for a request, once its first byte is in: is it inline?
         self.position = 0        # bytes of the message parsed whole so far, from the buffer's front
         self.searched = 0        # where the search for the current line's end resumes
         self.still_to_read = 1   # elements (array elements included) not yet read whole

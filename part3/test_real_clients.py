@@ -175,7 +175,8 @@ SESSION = "speaks for the client's session: who it is, how it speaks, when it en
 
 
 @pytest.mark.parametrize("words, rule", [
-    (("WATCH", "k"), "WATCH is part of a transaction, state the connection keeps until EXEC or DISCARD"),
+    (("WATCH", "k"),
+     "WATCH is part of a transaction, state the connection keeps until EXEC or DISCARD"),
     (("subscribe", "news"), "SUBSCRIBE turns the connection into a stream of pushes no request asked for"),
     (("SELECT", "5"), f"SELECT {STATE}"),
     (("AUTH", "hunter2"), f"AUTH {SESSION}"),
@@ -339,7 +340,7 @@ def test_a_blank_line_is_answered_at_once_by_the_line_pool_and_never_sent_upstre
         assert proxy.opened == 0
 
 
-BLANKS = b"\r\n" + b"  \r\n" + b"\n" + b"\t\r\n" + b"*0\r\n" + b"*-1\r\n"   # redis-server answers none
+BLANKS = b"\r\n" + b"  \r\n" + b"\n" + b"\t\r\n" + b"*0\r\n" + b"*-1\r\n"   # none answered
 
 
 def test_redis_server_answers_blank_lines_and_empty_arrays_with_nothing(redis):
@@ -352,14 +353,16 @@ def test_redis_server_answers_blank_lines_and_empty_arrays_with_nothing(redis):
 
 
 @pytest.mark.parametrize("proxy_kind", ["FramedProxy", "ManagedProxy"])
-def test_blank_lines_and_empty_arrays_are_answered_with_nothing_as_redis_server_does(redis, proxy_kind):
+def test_blank_lines_and_empty_arrays_are_answered_with_nothing_as_redis_server_does(
+        redis, proxy_kind):
     """Before: each got `-ERR tcp-proxy: an empty request`, a reply redis-server never
     writes, so a client counting replies (redis-cli --pipe) counted an error."""
     with REDIS_PROXIES[proxy_kind](redis, 1) as proxy, \
             socket.create_connection(proxy.addr, timeout=5) as client:
         client.sendall(BLANKS + b"PING\r\n" + BLANKS + array("ECHO", "after"))
         reader = reader_of(client)
-        assert [redis_server.read_resp(reader) for _ in range(2)] == [b"+PONG\r\n", b"$5\r\nafter\r\n"]
+        replies = [redis_server.read_resp(reader) for _ in range(2)]
+        assert replies == [b"+PONG\r\n", b"$5\r\nafter\r\n"]
         client.settimeout(0.2)
         with pytest.raises(TimeoutError):
             client.recv(1)
@@ -557,7 +560,8 @@ def test_redis_cli_sets_and_gets_through_the_pool(redis, proxy_kind):
             wrong += run.stdout != value.encode() + b"\n"
         refused = subprocess.run(["redis-cli", "-p", port, "MULTI"], capture_output=True, timeout=30)
     assert wrong == 0
-    assert refused.stdout.startswith(b"ERR tcp-proxy: MULTI is part of a transaction")   # not a tty: no "(error)"
+    # not a tty: no "(error)"
+    assert refused.stdout.startswith(b"ERR tcp-proxy: MULTI is part of a transaction")
 
 
 def redis_py_client(proxy, **options):

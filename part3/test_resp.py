@@ -113,7 +113,7 @@ def dropping(**options):
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(sent=st.lists(replies, min_size=1, max_size=5), points=cuts)
-def test_a_dropping_parser_passes_short_replies_as_sent_and_reads_long_ones_to_the_end(sent, points):
+def test_a_dropping_parser_passes_short_replies_whole_and_reads_long_ones_to_the_end(sent, points):
     chunks = cut(b"".join(sent), points)
     taken, held = frame_dropping(chunks, dropping())
     assert len(taken) == len(sent)
