@@ -448,7 +448,10 @@ class Frames:
     while it has not ended; rest() is what was read past the messages taken. The
     parser (new_parser() makes one: a size(buffer) that keeps its place) reads each
     byte once, however the reads cut the message. No socket: Part one's threads feed
-    it from recv(), Part two's event loop from its turn.
+    it from recv(), Part two's event loop from its turn. A parser with a message()
+    makes the message from the bytes kept of it: resp.Parser(overlong="drop") reads one
+    too long to keep to its end, deleting from the buffer what it will not read again,
+    and gives the error that answers it, so the bytes kept stay bounded.
     """
 
     def __init__(self, new_parser, data=b""):
@@ -464,7 +467,7 @@ class Frames:
         size = self._size(self.unread)
         if size is None:
             return None
-        message = bytes(self.unread[:size])
+        message = getattr(self._size, "message", bytes)(self.unread[:size])
         del self.unread[:size]   # from the front of a bytearray: no copy of the rest
         self._size = self._new_parser()
         return message
@@ -583,7 +586,9 @@ class FramedProxy(Server):
     and only if it is in step (in_step(), quiet()); release="timeout" checks it in
     once the upstream has been silent for release_timeout seconds, and checks nothing.
     The framing also says where each request ends, what is refused before any borrow
-    (an empty request; for Redis, what cannot be shared), and how an error is written.
+    (an empty request; for Redis, what the command table does not forward), and how an
+    error is written. A client whose bytes cannot be framed gets that error, then is read
+    to its end (drain_timeout, 5 s, at most), so it reads the error and not a reset.
     The deadlines, each costing the client an error in the protocol's form: the upstream
     silent for reply_timeout (5 s) mid-reply; the whole reply not in within exchange_timeout
     (10 s), however it trickles; no connection free for a borrower within checkout_timeout (5 s).
@@ -602,6 +607,7 @@ class FramedProxy(Server):
     # dirty            connections closed because the upstream was out of step; bumped by checkin()
     # partial_replies  framed reads that held part of a reply and went back for more
     framing = LINES   # what a subclass that skips __init__ (Part two's ManagedProxy) frames with
+    drain_timeout = 5.0   # seconds a client whose bytes cannot be framed is read, after its error
 
     def __init__(self, upstream_addr, pool_cap=1, release="framed", release_timeout=0.05,
                  framing=LINES, reply_timeout=5.0, exchange_timeout=10.0, checkout_timeout=5.0,
@@ -635,7 +641,21 @@ class FramedProxy(Server):
             return next(requests, None)
         except ValueError as error:   # only the framing's: an exchange's errors are not caught here
             client.sendall(self.framing.error(str(error)))
+            self.drain(client)
             return None
+
+    def drain(self, client):
+        """After the last reply to a client whose bytes cannot be framed: say so (a FIN), then
+        read and drop what it still sends until it stops, drain_timeout at most. A socket
+        closed with bytes unread sends a reset, and a reset can reach the client before it has
+        read the error (a client still writing a long request would see only the reset)."""
+        shutdown(client, socket.SHUT_WR)
+        deadline = time.monotonic() + self.drain_timeout
+        with contextlib.suppress(OSError):   # a reset, or the deadline: either way, done
+            while (remaining := deadline - time.monotonic()) > 0:
+                client.settimeout(remaining)
+                if not client.recv(CHUNK):
+                    return
 
     def requests(self, client):
         """Yield each whole request the client sends, in order, however its writes cut or
@@ -698,6 +718,8 @@ class FramedProxy(Server):
     def read_reply(self, sock, buffer=b""):
         """Read one reply; return it and the bytes read past its end. (`buffer`, bytes
         read earlier, is scaffolding: only scaffolding.faults.TrustingPool keeps any.)
+        A reply longer than the framing keeps is out of step, unless its parser reads it
+        to its end and gives the error that answers it (RESP's does: it costs that client).
 
         The load-bearing method: what it returns is what the client gets, and
         where it stops is where the pool believes the upstream has finished.

@@ -12,8 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import ROOT, need_redis
 from scaffolding import kit, redis_server
-from part3.resp import RESP, reply_size
-from tcp_proxy import FramedProxy, Server, read_lines
+from part3.resp import RESP, Overlong, Parser, reply_size
+from tcp_proxy import FramedProxy, Frames, Server, read_lines
 
 EXAMPLES = int(os.environ.get("SOAK", "40"))   # `make soak` raises it; the suite stays fast
 
@@ -84,7 +84,84 @@ def test_a_strict_prefix_of_a_reply_is_unfinished_and_the_whole_fits_a_command_o
     for end in {end % len(reply) for end in ends} | {0, len(reply) - 1}:
         assert reply_size(reply[:end]) is None
     assert reply_size(reply) == len(reply)
-    assert RESP.fits(b"WHATEVER k\r\n", reply)
+    assert RESP.fits(b"EVALSHA f00d 0\r\n", reply)   # a script's reply may be of any type
+
+
+# --- a message too long to keep, read to its end and dropped --------------------------------
+
+KEEP = 40   # bytes a dropping parser keeps of a message here: most drawn replies are within it
+cuts = st.lists(st.integers(0, 10**6), max_size=12)
+
+
+def frame_dropping(chunks, new_parser):
+    """What FramedProxy does with RESP: Frames over a dropping parser. Returns the messages
+    taken and the most bytes Frames held unread at once."""
+    frames, taken, held = Frames(new_parser), [], 0
+    for chunk in chunks:
+        frames.feed(chunk)
+        held = max(held, len(frames.unread))
+        while (message := frames.take()) is not None:
+            taken.append(message)
+        held = max(held, len(frames.unread))
+    assert frames.rest() == b""
+    return taken, held
+
+
+def dropping(**options):
+    return lambda: Parser(KEEP, overlong="drop", **options)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(sent=st.lists(replies, min_size=1, max_size=5), points=cuts)
+def test_a_dropping_parser_passes_short_replies_whole_and_reads_long_ones_to_the_end(sent, points):
+    chunks = cut(b"".join(sent), points)
+    taken, held = frame_dropping(chunks, dropping())
+    assert len(taken) == len(sent)
+    for message, reply in zip(taken, sent):
+        if len(reply) <= KEEP:
+            assert type(message) is bytes and message == reply
+        else:   # its length, and its first bytes (as many as had come when the first went)
+            assert isinstance(message, Overlong) and message.size == len(reply)
+            assert 0 < len(message.head) <= Overlong.HEAD and reply.startswith(message.head)
+    assert held <= KEEP + max(map(len, chunks)) + 2   # what it keeps, one read, a line's end
+
+
+def test_a_reply_past_the_bound_is_the_error_that_answers_it_and_a_request_one_never_sent():
+    long_reply = b"*3\r\n$20\r\n" + b"v" * 20 + b"\r\n$20\r\n" + b"w" * 20 + b"\r\n:1\r\n"
+    [dropped, after], _ = frame_dropping([long_reply + b"+OK\r\n"], dropping())
+    assert bytes(dropped) == (b"-ERR upstream: a reply of %d bytes is too long to pass on: longer "
+                              b"than the 40 a pool keeps, so it was read to its end and dropped\r\n"
+                              % len(long_reply))
+    assert (dropped.size, dropped.head, after) == (len(long_reply), long_reply, b"+OK\r\n")
+    request = b"*2\r\n$3\r\nSET\r\n$50\r\n" + b"x" * 50 + b"\r\n"
+    [dropped, after], _ = frame_dropping([request[:7], request[7:] + b"PING\r\n"],
+                                         dropping(request=True))
+    assert bytes(dropped) == (b"-ERR tcp-proxy: a request of %d bytes is too long: longer than "
+                              b"the 40 a pool keeps, so it was read to its end and dropped, never "
+                              b"sent\r\n" % len(request))
+    assert after == b"PING\r\n"
+
+
+def test_a_dropping_parser_still_refuses_what_no_message_is_and_bounds_one_line():
+    for malformed in (b"$50\r\n" + b"x" * 50 + b"!!", b"*1\r\n:1.5\r\n", b"+" + b"o" * (KEEP + 1)):
+        with pytest.raises(ValueError):
+            frame_dropping([malformed], dropping())
+    with pytest.raises(ValueError, match="longer than redis-server takes in a request"):
+        frame_dropping([b"*1\r\n$600000000\r\n"], dropping(request=True))
+
+
+def test_a_dropping_parser_reads_a_long_reply_in_pieces_once_and_keeps_its_bound_and_a_piece():
+    reply = b"*%d\r\n" % 50_000 + b"$4\r\nvvvv\r\n" * 50_000   # 500 kB; it keeps 64 kB
+    pieces = [reply[start:start + 4096] for start in range(0, len(reply), 4096)]
+    parsers = []
+
+    def new_parser():
+        parsers.append(Parser(1 << 16, overlong="drop"))
+        return parsers[-1]
+
+    [dropped], held = frame_dropping(pieces, new_parser)
+    assert (dropped.size, parsers[0].lines) == (len(reply), 50_001)   # each line parsed once
+    assert held <= (1 << 16) + 4096
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3000])
@@ -240,3 +317,25 @@ def test_the_resp_pool_closes_a_connection_with_bytes_past_a_reply_and_refuses_a
             reply = next(read_lines(sock))
         assert reply == b"-ERR upstream: out of step: a reply of 5 bytes does not answer b'GET a\\r\\n'\r"   # RESP's form
         assert proxy.dirty == 1
+
+
+def test_a_reply_longer_than_the_pool_keeps_costs_its_client_an_error_and_the_connection_goes_on():
+    """One client's LRANGE of 1.2 MB, past max_reply (1 MiB). Before: the connection was
+    closed as out of step; on ManagedProxy every call pipelined on it was lost too (the
+    same for it comes with its reader on the event loop). Now the pool reads the reply to
+    its end and drops it, that client gets an error that says too long, and the next
+    request goes on the same connection."""
+    need_redis()
+    elements = 120_000   # of 4 bytes each: a reply of 1,200,009 bytes
+    with redis_server.RedisServer() as redis:
+        control = redis_server.RedisControl(redis.addr)
+        for _ in range(elements // 10_000):
+            control.command("RPUSH long " + " ".join(["vvvv"] * 10_000))
+        control.command("SET short fine")
+        control.close()
+        with FramedProxy(redis.addr, framing=RESP, pool_cap=1) as proxy:
+            replies = ask_through(proxy, [b"LRANGE long 0 -1\r\n", b"GET short\r\n"])
+            assert replies == [b"-ERR upstream: a reply of 1200009 bytes is too long to pass on: "
+                               b"longer than the 1048576 a pool keeps, so it was read to its end "
+                               b"and dropped\r\n", b"$4\r\nfine\r\n"]
+            assert (proxy.opened, proxy.released, proxy.dirty, proxy.discarded) == (1, 2, 0, 0)

@@ -3,7 +3,8 @@ tests. A reader of the lesson need not read this module: it starts a real Redis 
 127.0.0.1, talks to it directly for setup, and stops it whatever happened.
 
     RedisServer        redis-server on a free port, no persistence, in a temporary
-                       directory; close() stops it and waits for it
+                       directory; close() stops it and waits for it;
+                       kill_and_restart() crashes it and starts another on its port
     RedisControl       the scenario's own connection to Redis (SET, CLIENT PAUSE)
     read_resp()        one whole RESP reply from a socket, framed by tcp_proxy.Frames
     redis_and_control()  both, ended as an ExitStack unwinds
@@ -86,6 +87,14 @@ class RedisServer:
                 process.kill()
                 process.wait()
         process.stdout.close()
+
+    def kill_and_restart(self):
+        """SIGKILL redis-server (no goodbye to its clients), then start a new one on the same
+        port; its data is gone, as after a crash without persistence."""
+        self.process.kill()
+        self._stop()
+        if not self._start(self.addr[1]):
+            raise OSError(f"redis-server did not start again; its log ends: {self.log[-300:]!r}")
 
     def close(self):
         """Stop redis-server and wait for it; remove its directory. Calling it again does nothing."""
