@@ -60,7 +60,11 @@ LENGTH = re.compile(rb"-1|0|[1-9][0-9]{0,17}")   # a length or count: canonical,
 INTEGER = re.compile(rb"-?(0|[1-9][0-9]{0,18})")
 CR, LF = b"\r\n"   # as integers, what indexing a buffer gives
 BULK = re.compile(rb"\$(0|[1-9][0-9]{0,17})\r\n")   # a bulk string's line, the common case, read in one step
-ARRAY = re.compile(rb"\*([1-9][0-9]{0,17})\r\n")     # an array's line, when it holds something
+# The one-pass read of an array of bulk strings: its line and its first element's in one match,
+# then each next element's line with the \r\n that ends the element before it.
+ARRAY_HEAD = re.compile(rb"\*([1-9][0-9]{0,17})\r\n\$(0|[1-9][0-9]{0,17})\r\n")
+NEXT_BULK = re.compile(rb"\r\n\$(0|[1-9][0-9]{0,17})\r\n")
+STAR, DOLLAR = b"*$"   # as integers, what indexing a buffer gives
 SIMPLE = re.compile(rb"[+-][^\r\n]*\r\n|:-?(?:0|[1-9][0-9]{0,18})\r\n|[$*]-1\r\n")   # a whole one-line reply
 # An inline command's word as redis-server's sdssplitargs() (src/sds.c) reads one, quotes
 # aside: blanks (isspace()) are skipped before a word, and a word ends at a space, a tab, a
@@ -97,7 +101,8 @@ class Parser:
     stack: an array of n adds n to the count of elements still to read, and the
     message has ended when that count reaches 0. request=True reads a request: an
     array of bulk strings, or an inline command. Raises ValueError for bytes no
-    message starts with.
+    message starts with. A message of the common shapes that has come whole is read in
+    one pass that keeps no place: the parser stays `fresh`, and can read the next one.
 
     A message longer than max_size is a ValueError too, unless overlong="drop": then the
     parser notes that it is `over` and reads on to the message's end, keeping its place but
@@ -123,11 +128,16 @@ class Parser:
         self.over = False        # the message has proved longer than max_size (overlong="drop")
         self.dropped = 0         # bytes of it deleted from the buffer's front
         self.head = None         # its first bytes, kept when the first of them are deleted
+        self.fresh = True        # nothing kept yet: each message read whole in one pass keeps it so
 
     def __call__(self, buffer):
         return self.size(buffer)
 
     def size(self, buffer):
+        if self.fresh and buffer:
+            if (whole := self._at_once(buffer)) is not None:
+                return whole   # the common case, in one pass: the parser kept nothing, and is fresh
+            self.fresh = False   # from here on the parse keeps its place in this message
         end = self._parse(buffer)
         if end is None and self.over:
             self._let_go(buffer)
@@ -147,8 +157,6 @@ class Parser:
             self.inline = buffer[:1] != b"*"
         if self.inline:
             return self._inline(buffer)
-        if not (self.lines or self.searched or self.over) and (whole := self._at_once(buffer)):
-            return whole   # the common case, in one step
         while self.still_to_read or self.bulk_end is not None:
             if self.bulk_end is not None:
                 if len(buffer) < self.bulk_end + 2:
@@ -166,37 +174,34 @@ class Parser:
         return self.position
 
     def _at_once(self, buffer):
-        """A message of the common shapes that has arrived whole (a one-line reply, a bulk
-        string, an array of bulk strings: every request a client library sends), read in one
-        pass; None for anything else, which the step by step parse then reads, or rejects."""
-        first = buffer[:1]
-        if first == b"*" and (head := ARRAY.match(buffer)):
-            count, position = int(head[1]), head.end()
+        """The length of a message of the common shapes that has arrived whole (a one-line
+        reply, a bulk string, an array of bulk strings: every request a client library sends),
+        read in one pass that changes nothing in the parser; None for anything else, which the
+        step by step parse then reads, or rejects."""
+        first = buffer[0]
+        if first == STAR and (head := ARRAY_HEAD.match(buffer)):
+            count = int(head[1])
+            if count * 3 > len(buffer):   # not all here (an element takes 3 bytes at least)
+                return None
+            end = head.end() + int(head[2])   # where the first element's bytes end
+            match = NEXT_BULK.match
+            while count > 1:
+                bulk = match(buffer, end)
+                if bulk is None:
+                    return None
+                end = bulk.end() + int(bulk[1])
+                count -= 1
         elif self.request:
             return None
-        elif first == b"$" and buffer[1:2] != b"-":
-            count, position = 1, 0
+        elif first == DOLLAR and (bulk := BULK.match(buffer)):
+            end = bulk.end() + int(bulk[1])
         else:
             line = SIMPLE.match(buffer)
-            return self._whole(1, line.end()) if line else None
-        if count * 3 > len(buffer):   # not all here (an element takes 3 bytes at least)
-            return None
-        match = BULK.match
-        for _ in range(count):
-            bulk = match(buffer, position)
-            if bulk is None:
-                return None
-            end = bulk.end() + int(bulk[1])
-            if buffer[end:end + 2] != b"\r\n":
-                return None
-            position = end + 2
-        return self._whole(count + (first == b"*"), position)
-
-    def _whole(self, lines, size):
-        if size > self.max_size:
-            return None   # the step by step parse says why
-        self.lines, self.position, self.searched, self.still_to_read = lines, size, size, 0
-        return size
+            return line.end() if line and line.end() <= self.max_size else None
+        end += 2
+        if end > self.max_size or buffer[end - 2:end] != b"\r\n":
+            return None   # not all here, or wrong, or too long: the step by step parse says which
+        return end
 
     def _let_go(self, buffer):
         """Delete from the front of the buffer what the parse of an overlong message will not
