@@ -66,6 +66,11 @@ ARRAY_HEAD = re.compile(rb"\*([1-9][0-9]{0,17})\r\n\$(0|[1-9][0-9]{0,17})\r\n")
 NEXT_BULK = re.compile(rb"\r\n\$(0|[1-9][0-9]{0,17})\r\n")
 STAR, DOLLAR = b"*$"   # as integers, what indexing a buffer gives
 SIMPLE = re.compile(rb"[+-][^\r\n]*\r\n|:-?(?:0|[1-9][0-9]{0,18})\r\n|[$*]-1\r\n")   # a whole one-line reply
+# A request array's first element (its name), when it holds no line end: as the key of what
+# its name alone says (Resp.forwards_plainly(), Resp.fits()), its length line with it.
+NAME = re.compile(rb"\*[1-9][0-9]{0,17}\r\n(\$[1-9][0-9]?\r\n[^\r\n]{1,99})\r\n")
+NAMES_KEPT = 4096   # names a Resp remembers what they say: a client chooses them, so a bound
+NOT_BY_NAME = (False, None)   # what Resp._named() says of a request whose name does not say
 # An inline command's word as redis-server's sdssplitargs() (src/sds.c) reads one, quotes
 # aside: blanks (isspace()) are skipped before a word, and a word ends at a space, a tab, a
 # line end or a NUL, so a \v or \f inside one is part of it.
@@ -364,6 +369,7 @@ class Resp:
         self.refused = self._names(refuse, commands.FORWARD, "refused")
         self.max_reply = max_reply
         self.max_request = max_request
+        self._by_name = {}   # NAME's key -> (forwarded whatever the arguments, the reply types)
 
     @staticmethod
     def _names(names, action, verb):
@@ -427,6 +433,38 @@ class Resp:
             return commands.NEVER, f"{shown(name)} {kind.effect}; a pool never passes it"
         return kind.action, f"{shown(name)} {kind.effect}; a pool cannot lend it"
 
+    def forwards_plainly(self, request):
+        """True when request is a command the table forwards whatever its arguments say
+        (GET, SET: no container, no argument that changes its kind), as its name alone
+        tells, remembered by name; False when the words must decide (RedisSession.admit()
+        asks this first, and splits the words only then)."""
+        return self._named(request)[0]
+
+    def _named(self, request):
+        """What a request's name alone says: (forwards_plainly, the reply types of its row),
+        (False, None) when the name does not say (inline, a container, a name unknown)."""
+        name = NAME.match(request)
+        if name is None:
+            return NOT_BY_NAME
+        key = name[1]
+        said = self._by_name.get(key)
+        if said is None:
+            said = self._learn(key)
+            if len(self._by_name) < NAMES_KEPT:
+                self._by_name[key] = said
+        return said
+
+    def _learn(self, key):
+        """What NAME's key (b"$3\\r\\nGET") says, from the table and the policy."""
+        length, name = key.split(b"\r\n")
+        command = name.upper()
+        row = commands.COMMANDS.get(command)
+        if int(length[1:]) != len(name) or row is None or command in commands.CONTAINERS:
+            return NOT_BY_NAME
+        plainly = command not in commands.BY_ARGUMENTS and \
+            self.verdict([name]) == (commands.FORWARD, None)
+        return plainly, row.replies
+
     def refusal(self, request):
         """Why this request may not reach a pooled connection (a message), or None. A blank
         one is not refused: the session answers it with nothing."""
@@ -444,22 +482,28 @@ class Resp:
         text = re.sub(r"[\r\n]", " ", message).encode("utf-8", "replace")
         return b"-%s %s\r\n" % (code.encode("ascii"), text)
 
-    def fits(self, request, reply):
+    def fits(self, request, reply, framed=False):
         """True if `reply` is one whole RESP reply of a type that can answer `request`
         (a whole request: an array, or an inline command with its line end), as the
         command table says; an error answers any command the table has. An Overlong reply
-        (read whole and dropped) is judged by its first byte."""
-        if isinstance(reply, Overlong):
+        (read whole and dropped) is judged by its first byte. framed=True: the reply is one
+        whole reply already (the framing's parser framed it), so only its type is checked."""
+        kind = reply[:1]
+        if kind == b"-" and isinstance(reply, Overlong):
             kind = reply.head[:1]
-        else:
+        elif not framed:
             try:
                 if reply_size(reply, self.max_reply) != len(reply):
                     return False
             except ValueError:
                 return False
-            kind = reply[:1]
-        row = commands.lookup(words(request) or [b""])
-        return row is not None and len(kind) == 1 and (kind == b"-" or kind in row.replies)
+        replies = self._named(request)[1]
+        if replies is None:
+            row = commands.lookup(words(request) or [b""])
+            if row is None:
+                return False
+            replies = row.replies
+        return len(kind) == 1 and (kind == b"-" or kind in replies)
 
     def __repr__(self):
         bounds = (self.max_reply, self.max_request)
@@ -486,6 +530,8 @@ class RedisSession(Session):
         self.refused_transaction = False   # from a refused MULTI to its EXEC or DISCARD
 
     def admit(self, request):
+        if not self.refused_transaction and self.framing.forwards_plainly(request):
+            return None   # the common case: its name says so, and no words are split
         if isinstance(request, Overlong):   # read whole and dropped: it is its own answer
             return bytes(request)
         if (fault := inline_fault(request)):
