@@ -135,9 +135,6 @@ class Parser:
         self.head = None         # its first bytes, kept when the first of them are deleted
         self.fresh = True        # nothing kept yet: each message read whole in one pass keeps it so
 
-    def __call__(self, buffer):
-        return self.size(buffer)
-
     def size(self, buffer):
         if self.fresh and buffer:
             if (whole := self._at_once(buffer)) is not None:
@@ -147,6 +144,8 @@ class Parser:
         if end is None and self.over:
             self._let_go(buffer)
         return end
+
+    __call__ = size   # calling the parser is size(), with no call in between
 
     def message(self, kept):
         """The message size() found the end of, from the bytes of it still in the buffer."""
