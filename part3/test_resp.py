@@ -139,6 +139,21 @@ def frame_dropping(chunks, new_parser):
     return taken, held
 
 
+def test_frames_keeps_a_fresh_parser_and_makes_one_only_after_a_message_read_in_pieces():
+    made = []
+
+    def new_parser():
+        made.append(RESP.reply_parser())
+        return made[-1]
+    frames = Frames(new_parser)
+    frames.feed(b"$1\r\na\r\n+OK\r\n$5\r\nhel")
+    assert [frames.take(), frames.take(), frames.take()] == [b"$1\r\na\r\n", b"+OK\r\n", None]
+    assert len(made) == 1
+    frames.feed(b"lo\r\n:1\r\n")
+    assert [frames.take(), frames.take(), frames.take()] == [b"$5\r\nhello\r\n", b":1\r\n", None]
+    assert (len(made), frames.rest()) == (2, b"")
+
+
 def dropping(**options):
     return lambda: Parser(KEEP, overlong="drop", **options)
 
