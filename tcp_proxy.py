@@ -467,6 +467,8 @@ class Frames:
     def take(self):
         """The next whole message, or None; ValueError (the parser's) for bytes no message is."""
         unread, parser = self.unread, self._parser
+        if not unread:   # nothing to parse: no parser has anything to say of no bytes
+            return None
         size = parser(unread)
         if size is None:
             return None
