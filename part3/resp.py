@@ -177,15 +177,27 @@ class Parser:
             self._element(line[:1], line[1:])
         return self.position
 
-    def _at_once(self, buffer):
-        """The length of a message of the common shapes that has arrived whole (a one-line
-        reply, a bulk string, an array of bulk strings: every request a client library sends),
-        read in one pass that changes nothing in the parser; None for anything else, which the
-        step by step parse then reads, or rejects."""
-        first = buffer[0]
-        if first == STAR and (head := ARRAY_HEAD.match(buffer)):
+    def ends(self, buffer):
+        """Where each message at the buffer's front ends, for as many as have come whole in the
+        common shapes (a list, maybe empty), each read in one pass: the first that has not is
+        left to size(). Only a fresh parser reads ahead so, and it stays fresh."""
+        found, start, size = [], 0, len(buffer)
+        if self.fresh:
+            at_once = self._at_once
+            while start < size and (end := at_once(buffer, start)) is not None:
+                found.append(end)
+                start = end
+        return found
+
+    def _at_once(self, buffer, start=0):
+        """Where a message of the common shapes that has arrived whole (a one-line reply, a bulk
+        string, an array of bulk strings: every request a client library sends) ends, the
+        message starting at `start`, read in one pass that changes nothing in the parser; None
+        for anything else, which the step by step parse then reads, or rejects."""
+        first = buffer[start]
+        if first == STAR and (head := ARRAY_HEAD.match(buffer, start)):
             count = int(head[1])
-            if count * 3 > len(buffer):   # not all here (an element takes 3 bytes at least)
+            if count * 3 > len(buffer) - start:   # not all here (an element takes 3 bytes at least)
                 return None
             end = head.end() + int(head[2])   # where the first element's bytes end
             match = NEXT_BULK.match
@@ -197,13 +209,13 @@ class Parser:
                 count -= 1
         elif self.request:
             return None
-        elif first == DOLLAR and (bulk := BULK.match(buffer)):
+        elif first == DOLLAR and (bulk := BULK.match(buffer, start)):
             end = bulk.end() + int(bulk[1])
         else:
-            line = SIMPLE.match(buffer)
-            return line.end() if line and line.end() <= self.max_size else None
+            line = SIMPLE.match(buffer, start)
+            return line.end() if line and line.end() - start <= self.max_size else None
         end += 2
-        if end > self.max_size or buffer[end - 2:end] != b"\r\n":
+        if end - start > self.max_size or buffer[end - 2:end] != b"\r\n":
             return None   # not all here, or wrong, or too long: the step by step parse says which
         return end
 

@@ -1,5 +1,6 @@
 """resp.py: RESP replies framed whole, however the bytes are cut, at any depth; and the
 real redis-server that demo.py --part3 runs them against."""
+import itertools
 import os
 import pathlib
 import socket
@@ -137,6 +138,24 @@ def frame_dropping(chunks, new_parser):
         held = max(held, len(frames.unread))
     assert frames.rest() == b""
     return taken, held
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(sent=st.lists(replies, min_size=1, max_size=8), point=st.integers(0, 10**6))
+def test_ends_finds_only_where_replies_end_reading_ahead_and_keeps_the_parser_fresh(sent, point):
+    stream = b"".join(sent)
+    boundaries = list(itertools.accumulate(map(len, sent)))
+    parser = RESP.reply_parser()
+    found = parser.ends(bytearray(stream[:point % (len(stream) + 1)]))
+    assert found == boundaries[:len(found)] and parser.fresh
+
+
+def test_ends_reads_ahead_the_common_shapes_and_stops_at_the_first_that_is_not_whole():
+    replies = b"$1\r\na\r\n+OK\r\n*1\r\n$0\r\n\r\n*1\r\n:1\r\n$2\r\nhi\r\n"
+    assert RESP.reply_parser().ends(bytearray(replies)) == [7, 12, 22]   # an integer in an array
+    get = b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n"
+    assert RESP.request_parser().ends(bytearray(get * 2 + get[:-1])) == [20, 40]
+    assert RESP.request_parser().ends(bytearray(b"GET a\r\n" + get)) == []   # inline: step by step
 
 
 def test_frames_keeps_a_fresh_parser_and_makes_one_only_after_a_message_read_in_pieces():
