@@ -146,7 +146,8 @@ class Connection:
             reason = reason_of(error)
             self.end(f"send failed: {reason}", MessageLost(f"send failed: {reason}"))
             return
-        self.client.written += sum(len(run.requests) for run in pipeline.wrote(sent))
+        for run in pipeline.wrote(sent):
+            self.client.written += len(run.requests)
         self.loop.want(self, READ | WRITE if pipeline.out else READ)
 
     def ready(self, events):

@@ -53,9 +53,9 @@ class Pipeline:
 
     def queue(self, run):
         """A run's requests go out after every request queued before them."""
-        for request in run.requests:
-            self.out += request
-            self.queued += len(request)
+        requests = b"".join(run.requests)
+        self.out += requests
+        self.queued += len(requests)
         self.owed.append(run)
         self.unwritten.append((self.queued, run))
 
