@@ -1,4 +1,4 @@
-"""tcp_proxy: four ways to stand between clients and a line-protocol server.
+"""tcp_proxy: three proxies between clients and a line-protocol server, and the server.
 
 The lesson: a connection pool's checkin is a parse. A pool may lend a connection
 to the next borrower only once the last reply has ended, and only the protocol
