@@ -460,12 +460,14 @@ class Frames:
     it from recv(), Part two's event loop from its turn. A parser with a message()
     makes the message from the bytes kept of it: resp.Parser(overlong="drop") reads one
     too long to keep to its end, deleting from the buffer what it will not read again,
-    and gives the error that answers it, so the bytes kept stay bounded.
+    and gives the error that answers it, so the bytes kept stay bounded. A parser still
+    `fresh` after a message (it read it in one pass, keeping nothing) reads the next one
+    too: a new parser is made only after a message read step by step.
     """
 
     def __init__(self, new_parser, data=b""):
         self._new_parser = new_parser
-        self._size = new_parser()
+        self._parser = new_parser()
         self.unread = bytearray(data)   # read, not yet part of a message taken
 
     def feed(self, data):
@@ -473,12 +475,18 @@ class Frames:
 
     def take(self):
         """The next whole message, or None; ValueError (the parser's) for bytes no message is."""
-        size = self._size(self.unread)
+        unread, parser = self.unread, self._parser
+        if not unread:   # nothing to parse: no parser has anything to say of no bytes
+            return None
+        size = parser(unread)
         if size is None:
             return None
-        message = getattr(self._size, "message", bytes)(self.unread[:size])
-        del self.unread[:size]   # from the front of a bytearray: no copy of the rest
-        self._size = self._new_parser()
+        if getattr(parser, "fresh", False):   # read in one pass: nothing kept, nothing dropped
+            message = bytes(unread[:size])
+        else:
+            message = getattr(parser, "message", bytes)(unread[:size])
+            self._parser = self._new_parser()
+        del unread[:size]   # from the front of a bytearray: no copy of the rest
         return message
 
     def rest(self):
@@ -540,12 +548,13 @@ class LineFraming:
         end = buffer.find(b"\n")
         return None if end < 0 else end + 1
 
-    def fits(self, request, reply):
+    def fits(self, request, reply, framed=False):
         """Whether reply has the whole shape of request's reply. GET k: k, "=", a value of 12
         copies of one byte, b"\n" (a key may hold "=": the value's length still pins it);
         anything else: exactly answer()'s PONG, or its ERR, which quotes this request.
         So a reply another request's answer could pass for is the same bytes as ours.
-        A line past MAX_LINE may instead get the upstream's overlong ERR (see read_lines)."""
+        A line past MAX_LINE may instead get the upstream's overlong ERR (see read_lines).
+        Every byte is checked, framed (a reply a reader framed, as resp's fits() takes) or not."""
         line = request.removesuffix(b"\n")
         if len(line) > MAX_LINE and reply == b"ERR line longer than %d bytes\n" % MAX_LINE:
             return True
