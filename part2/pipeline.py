@@ -76,16 +76,12 @@ class Pipeline:
         frames, owed = self.frames, self.owed
         fits = self.framing.fits if self.check_fit else None
         frames.feed(data)
+        taken, error = frames.take_all()
         run, replies, first = None, [], 0
         try:
-            while not self.lost:
-                try:
-                    reply = frames.take()
-                except ValueError as error:   # bytes no reply starts with
-                    why = f"upstream out of step: a reply {self.framing!r} cannot frame ({error})"
-                    raise OutOfStep(why) from None
-                if reply is None:
-                    break
+            for reply in taken:
+                if self.lost:
+                    return
                 if run is None:
                     if not owed:
                         raise OutOfStep("a reply no call was waiting for", "unexpected reply",
@@ -105,6 +101,9 @@ class Pipeline:
         finally:
             if replies:   # the run's share so far, told before whatever ends the read
                 self._settle(run, replies, first)
+        if error is not None and not self.lost:   # bytes no reply starts with
+            why = f"upstream out of step: a reply {self.framing!r} cannot frame ({error})"
+            raise OutOfStep(why)
         if len(frames.unread) > self.framing.max_reply and not self.lost:
             raise OutOfStep(f"upstream out of step: a reply longer than "
                             f"{self.framing.max_reply} bytes")
@@ -173,21 +172,18 @@ class ClientStream:
             return []
         frames, admit = self.frames, self.session.admit
         frames.feed(data)
+        taken, error = frames.take_all()
         entries, requests = [], []
-        while True:
-            try:
-                request = frames.take()
-            except ValueError as error:   # the framing's: nothing after it can be framed
-                self.ended = True
-                self._answer(entries, requests, self.framing.error(str(error)))
-                return entries
-            if request is None:
-                break
+        for request in taken:
             answer = admit(request)
             if answer is None:
                 requests.append(request)
             else:
                 requests = self._answer(entries, requests, answer)
+        if error is not None:   # the framing's: nothing after it can be framed
+            self.ended = True
+            self._answer(entries, requests, self.framing.error(str(error)))
+            return entries
         if requests:
             entries.append(self._enter(requests))
         return entries
