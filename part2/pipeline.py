@@ -6,6 +6,8 @@
                   handed to that request's run, oldest first; lose() turns every reply
                   still owed into an error, in order
     OutOfStep     what feed() raises when the upstream says what no request asked for
+    Entry         a place in a proxy client's order: the sink of one run, which writes
+                  its replies into the client's bytes once the places before it are
     ClientStream  one proxy client: its bytes in, whole requests out (framed by
                   tcp_proxy.Frames, admitted by the framing's session), grouped as runs;
                   the replies to them out as bytes, in the client's own order
