@@ -150,7 +150,8 @@ class Connection:
             return
         for run in pipeline.wrote(sent):
             self.client.written += len(run.requests)
-        self.loop.want(self, READ | WRITE if pipeline.out else READ)
+        if (events := READ | WRITE if pipeline.out else READ) != self.watching:
+            self.loop.want(self, events)
 
     def ready(self, events):
         if not self.connected:
