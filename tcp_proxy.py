@@ -489,8 +489,9 @@ class Frames:
         first bytes no message is, or None). Those bytes stay unread."""
         unread, parser, messages = self.unread, self._parser, []
         if getattr(parser, "fresh", False) and (ends := parser.ends(unread)):
-            taken, start = bytes(unread[:ends[-1]]), 0   # one copy for every message read ahead
-            del unread[:ends[-1]]
+            last, start = ends[-1], 0
+            taken = bytes(unread if last == len(unread) else unread[:last])   # one copy for them all
+            del unread[:last]
             for end in ends:
                 messages.append(taken[start:end])
                 start = end

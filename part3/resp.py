@@ -451,7 +451,9 @@ class Resp:
         (GET, SET: no container, no argument that changes its kind), as its name alone
         tells, remembered by name; False when the words must decide (RedisSession.admit()
         asks this first, and splits the words only then)."""
-        return self._named(request)[0]
+        name = NAME.match(request)
+        said = name and self._by_name.get(name[1])   # the common case: a name met before
+        return (said or self._named(request))[0]
 
     def _named(self, request):
         """What a request's name alone says: (forwards_plainly, the reply types of its row),
@@ -510,7 +512,9 @@ class Resp:
                     return False
             except ValueError:
                 return False
-        replies = self._named(request)[1]
+        name = NAME.match(request)
+        said = name and self._by_name.get(name[1])   # the common case: a name met before
+        replies = (said or self._named(request))[1]
         if replies is None:
             row = commands.lookup(words(request) or [b""])
             if row is None:
