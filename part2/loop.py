@@ -24,10 +24,9 @@ import selectors
 import socket
 import threading
 
-from part2.cache import call_back
+from part2.cache import QuietHooks, call_back
 from part2.calls import ManagedError
 from part2.clock import RealClock
-from tcp_proxy import Hooks
 
 LOG = logging.getLogger("part2.managed")
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
@@ -45,29 +44,18 @@ class Timer:
         self.cancelled = True
 
 
-class Counted(Hooks):
+class Counted(QuietHooks):
     """Hooks for an object the loop owns. Its counters are plain integers, bumped on the
     loop's thread with no lock; the waiters of wait_<counter>() are woken once per turn,
-    at its end, and only if there are any (a waiter counts itself in, under the hook's
-    condition, before it first looks at the counter: a bump after that look is seen)."""
+    at its end, and only if there are any (see QuietHooks)."""
 
     def __init__(self, loop):
         super().__init__()
         self.loop = loop
-        self.waiters = 0   # threads in wait_until(); changed under the hook's condition
         loop.counted.append(self)
 
     def count(self, name, amount=1):
         setattr(self, name, getattr(self, name) + amount)
-
-    def wait_until(self, ready, what, timeout=None):
-        with self._changed:
-            self.waiters += 1
-            try:
-                if not self._changed.wait_for(ready, timeout or self.hook_timeout):
-                    raise TimeoutError(f"gave up waiting for {what}: {self!r}")
-            finally:
-                self.waiters -= 1
 
 
 class Loop(Counted):
