@@ -1,9 +1,10 @@
 """loop: the one event loop Part two runs on, after Ocamlnet's event system (esys).
 
     Loop       a selector, the deadlines it keeps on an injected clock, and one turn:
-               read what is readable, take what other threads handed over, fire the
-               deadlines the clock has passed, one send per socket with bytes waiting,
-               then the turn's callbacks, completions and hook wake-ups, in that order
+               read what is readable, place what the reads gathered, take what other
+               threads handed over, fire the deadlines the clock has passed, one send
+               per socket with bytes waiting, then the turn's callbacks, completions
+               and hook wake-ups, in that order
     Counted    tcp_proxy's Hooks for what the loop owns: its counters are plain integers
                the loop bumps, and their waiters are woken once per turn, not per event
 
@@ -62,8 +63,9 @@ class Loop(Counted):
     """A selector, a heap of deadlines, and the turn that serves them (see the module's map).
 
     What a handler registered with watch() may rely on: it is called with the events that
-    are ready, on the loop's thread; flush_soon(writer) has writer.flush() called once,
-    in this turn's send phase; queue_callback() makes a callback after the turn's work,
+    are ready, on the loop's thread; after_reads(function) has function() called once
+    the turn's reads are over (a proxy places what they gathered); flush_soon(writer) has
+    writer.flush() called once, in this turn's send phase; queue_callback() makes a callback after the turn's work,
     with no state half changed; an exception in any of them is logged and counted
     (handler_errors), and the turn goes on."""
     counters = {"turns": 0, "handler_errors": 0}
@@ -84,6 +86,7 @@ class Loop(Counted):
         self._handing = threading.Lock()     # guards `stopped` against a hand() racing the end
         self._timers = []         # heap of (when, sequence, Timer)
         self._sequence = itertools.count()   # orders timers of the same instant as they were set
+        self._after_reads = []    # functions to call once this turn's reads are over
         self._writers = []        # objects whose flush() this turn's send phase calls
         self._callbacks = []      # (owner, function, args) for the end of the turn
         self.finished = []        # Calls completed this turn; their threads wake at its end
@@ -127,6 +130,11 @@ class Loop(Counted):
         timer = Timer(when, function)
         heapq.heappush(self._timers, (when, next(self._sequence), timer))
         return timer
+
+    def after_reads(self, function):
+        """function() once this turn's reads are over, before anything else in it (listed
+        after that, in the next turn's)."""
+        self._after_reads.append(function)
 
     def flush_soon(self, writer):
         """writer.flush() in this turn's send phase (writer.flushing says it is listed)."""
@@ -219,7 +227,7 @@ class Loop(Counted):
         clock = self.clock
         self.working = True
         timeout = 0
-        if block and not self._handed and not self._writers:   # else work is waiting: no wait
+        if block and not (self._handed or self._after_reads or self._writers):   # else no wait
             timeout = clock.timeout_until(self._next_deadline())
             timeout = SELECT_MAX if timeout is None or timeout > SELECT_MAX else timeout
         for key, events in self.selector.select(timeout):
@@ -227,6 +235,9 @@ class Loop(Counted):
                 key.data(events)
             except Exception:   # a bug in a handler: logged, counted; the turn goes on
                 self._raised()
+        after_reads, self._after_reads = self._after_reads, []
+        for function in after_reads:
+            self._safely(function)
         while self._handed:
             function, args = self._handed.popleft()
             self._safely(function, *args)
