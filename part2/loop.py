@@ -65,9 +65,9 @@ class Loop(Counted):
     What a handler registered with watch() may rely on: it is called with the events that
     are ready, on the loop's thread; after_reads(function) has function() called once
     the turn's reads are over (a proxy places what they gathered); flush_soon(writer) has
-    writer.flush() called once, in this turn's send phase; queue_callback() makes a callback after the turn's work,
-    with no state half changed; an exception in any of them is logged and counted
-    (handler_errors), and the turn goes on."""
+    writer.flush() called once, in this turn's send phase; queue_callback() makes a
+    callback after the turn's work, with no state half changed; an exception in any of
+    them is logged and counted (handler_errors), and the turn goes on."""
     counters = {"turns": 0, "handler_errors": 0}
     # turns           turns run; bumped at the end of each
     # handler_errors  handlers, timers or handed functions that raised; logged, the turn went on
