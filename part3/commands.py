@@ -4,8 +4,9 @@ only what it knows how to frame (an allow list, not a deny list), as twemproxy d
 
 A row gives a command (or a container's subcommand, `CLIENT KILL`), the types of reply it
 can get, in RESP2's type bytes (`+` simple string, `:` integer, `$` bulk string, `*` array;
-an error, `-`, can answer anything), and its kind: what it does to the connection. The kind
-says how many replies a request gets and what the pool does with it (its action):
+an error, `-`, can answer anything; rows() adds each type's RESP3 equivalents), and its
+kind: what it does to the connection. The kind says how many replies a request gets and
+what the pool does with it (its action):
 
     FORWARD     send it on a shared connection; its one reply ends the loan
     REPLAY      state the pool could keep for the client and bring a connection to
@@ -408,15 +409,27 @@ SYNC                    $       replication
 """
 
 REPLY_TYPES = frozenset(b"+:$*")
+# What each RESP2 type of a row also is in RESP3: the types redis-server writes down to it
+# for a RESP2 client (a map, a set or a null array as an array; a double, a big number, a
+# verbatim string or a null as a bulk string; a boolean as an integer). A blob error is an
+# error, and an attribute may annotate any reply: every row takes both.
+RESP3_OF = {ord("*"): b"%~_", ord("$"): b"=,(_", ord(":"): b"#", ord("+"): b""}
+EVERY_ROW = b"!|"
+
+
+def resp3(replies):
+    """A row's RESP2 reply types, each followed by its RESP3 equivalents, and EVERY_ROW's."""
+    return b"".join(bytes([kind]) + RESP3_OF[kind] for kind in replies) + EVERY_ROW
 
 
 def rows(table):
     """The rows of a table written as TABLE is: one a line, the name first (one or two
-    words), then the reply types and the kind; a line starting with # is a comment."""
+    words), then the reply types and the kind; a line starting with # is a comment. A
+    row's replies are its RESP2 types and their RESP3 equivalents (resp3())."""
     for line in table.splitlines():
         if line.strip() and not line.startswith("#"):
             *name, replies, kind = line.split()
-            yield Row(" ".join(name).encode("ascii"), replies.encode("ascii"), kind)
+            yield Row(" ".join(name).encode("ascii"), resp3(replies.encode("ascii")), kind)
 
 
 COMMANDS = {row.name: row for row in rows(TABLE)}

@@ -1,5 +1,5 @@
 """resp: where a Redis reply ends and where a Redis request ends, so a pool can stand
-between real Redis clients and a redis-server (RESP2).
+between real Redis clients and a redis-server (RESP2, and RESP3's replies).
 
 The pool's checkin is a parse; for Redis the parse is RESP's, not a newline's.
 A GET of a stored value is answered `$5\\r\\nhello\\r\\n`: two lines, one reply.
@@ -40,6 +40,11 @@ The five RESP2 types, each opening with one type byte and a line ended by b"\\r\
                    b"\\r\\n"; $-1 is the null bulk string (GET of a missing key)
     *2 ...         array: the line gives the count, then that many replies of any
                    type, arrays included; *-1 is the null array
+RESP3 (what a client gets after HELLO 3) adds, one line each: _ null, #t or #f boolean,
+,3.14 double, (123 big number; length-prefixed as $ is: =8 verbatim string (txt:...), !5
+blob error; and aggregates: ~n set, >n push (out of band: no request asked for it), %n map
+(n pairs), |n attribute (n pairs, then the reply they annotate: one message). RESP3's
+streamed forms ($? and *?) are refused: redis-server never sends them.
 A request is an array of bulk strings (`*2\\r\\n$3\\r\\nGET\\r\\n$1\\r\\na\\r\\n`, what every
 client library sends), or an inline command (`GET a\\r\\n`, what a person types), as
 redis-server reads them. A b"\\r" that is not followed by b"\\n" ends no line here:
@@ -62,6 +67,18 @@ CR, LF = b"\r\n"   # as integers, what indexing a buffer gives
 BULK = re.compile(rb"\$(0|[1-9][0-9]{0,17})\r\n")   # a bulk string's line, the common case, read in one step
 ARRAY = re.compile(rb"\*([1-9][0-9]{0,17})\r\n")     # an array's line, when it holds something
 SIMPLE = re.compile(rb"[+-][^\r\n]*\r\n|:-?(?:0|[1-9][0-9]{0,18})\r\n|[$*]-1\r\n")   # a whole one-line reply
+# RESP3's one-line types, and RESP2's integer: the type byte and what its line must be.
+SCALARS = {
+    b":": INTEGER,
+    b"_": re.compile(rb""),                                          # null
+    b"#": re.compile(rb"[tf]"),                                      # boolean
+    b",": re.compile(rb"[+-]?(inf|nan|[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?)"),   # double
+    b"(": re.compile(rb"-?(0|[1-9][0-9]*)"),                         # big number
+}
+SCALAR_NAMES = {b":": "integer", b"_": "null", b"#": "boolean", b",": "double", b"(": "big number"}
+# The length-prefixed types: elements per unit of the length (0: a string of that many bytes).
+# A map holds n pairs; an attribute n pairs too, then the reply it annotates (one message).
+LENGTHS = {b"$": 0, b"=": 0, b"!": 0, b"*": 1, b"~": 1, b">": 1, b"%": 2, b"|": 2}
 # An inline command's word as redis-server's sdssplitargs() (src/sds.c) reads one, quotes
 # aside: blanks (isspace()) are skipped before a word, and a word ends at a space, a tab, a
 # line end or a NUL, so a \v or \f inside one is part of it.
@@ -271,21 +288,31 @@ class Parser:
             raise ValueError(f"a request array holds bulk strings only, not {kind + line[:40]!r}")
         if kind in (b"+", b"-"):
             return
-        if kind == b":":
-            if not INTEGER.fullmatch(line):
-                raise ValueError(f"not a RESP integer: {line[:40]!r}")
+        if kind in SCALARS:   # RESP2's integer and RESP3's one-line types: the line is the value
+            if not SCALARS[kind].fullmatch(line):
+                raise ValueError(f"not a RESP {SCALAR_NAMES[kind]}: {kind + line[:40]!r}")
             return
-        if kind not in (b"$", b"*"):
+        if kind not in LENGTHS:
             raise ValueError(f"no RESP message starts with {kind!r} (line {kind + line[:40]!r})")
-        if not LENGTH.fullmatch(line) or (self.request and kind == b"$" and line == b"-1"):
+        if line == b"?":   # RESP3's streamed string or aggregate: no end known in advance
+            raise ValueError(f"a streamed RESP3 message ({kind + line!r}): redis-server never "
+                             f"sends one, and the pool frames none")
+        if not LENGTH.fullmatch(line) or (line == b"-1" and kind not in b"$*") or \
+                (self.request and kind == b"$" and line == b"-1"):
             raise ValueError(f"not a RESP length: {kind + line[:40]!r}")
         length = int(line)
+        if kind == b"=" and 0 <= length < 4:   # a verbatim string opens with its format: txt:
+            raise ValueError(f"a verbatim string too short for its format: {kind + line!r}")
         if self.request and length > (MAX_BULK if kind == b"$" else MAX_COUNT):
             raise ValueError(f"longer than redis-server takes in a request: {kind + line!r}")
-        if not self.over and length * (1 if kind == b"$" else 3) > self.max_size:   # 3 bytes each
+        elements = LENGTHS[kind]   # elements per unit of its length; 0 for a string
+        least = length * (elements * 3 or 1)   # 3 bytes an element at least
+        if not self.over and least > self.max_size:
             self._too_long(f"a message longer than {self.max_size} bytes: {kind + line!r}")
-        if kind == b"*":
-            self.still_to_read += max(length, 0)   # *-1, the null array, holds nothing
+        if elements:
+            # *-1, the null array, holds nothing; an attribute's pairs come before the reply it
+            # annotates, which is read as this element's place
+            self.still_to_read += max(length, 0) * elements + (kind == b"|")
         elif length >= 0:
             self.bulk_end = self.position + length
             if not self.over and self.dropped + self.bulk_end + 2 > self.max_size:   # and the whole

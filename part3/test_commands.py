@@ -177,13 +177,16 @@ def test_every_row_names_a_command_redis_server_lists_or_one_newer_than_it(serve
     assert set(commands.COMMANDS) - set(server_commands) == NEWER
 
 
-def test_every_row_has_resp2_reply_types_and_a_kind_with_an_action():
+def test_every_row_has_resp2_reply_types_with_their_resp3_equivalents_and_a_kind_with_an_action():
     actions = {commands.FORWARD, commands.REPLAY, commands.ANSWER, commands.PIN, commands.DEDICATE,
                commands.POLICY, commands.NEVER}
     assert {kind.action for kind in commands.KINDS.values()} == actions
     for row in commands.COMMANDS.values():
-        assert row.replies and set(row.replies) <= set(b"+:$*"), row
+        resp2 = bytes(kind for kind in row.replies if kind in commands.REPLY_TYPES)
+        assert resp2 and row.replies == commands.resp3(resp2), row
         assert row.kind in commands.KINDS, row
+    assert commands.COMMANDS[b"HGETALL"].replies == b"*%~_!|"    # a map in RESP3
+    assert commands.COMMANDS[b"ZSCORE"].replies == b"$=,(_!|"    # a double, or a null
 
 
 def test_redis_servers_own_flags_agree_with_each_rows_kind(server_commands):
@@ -247,6 +250,10 @@ def test_a_command_name_with_a_nul_is_refused_whatever_comes_before_it():
 
 def test_a_reply_fits_a_command_only_if_the_table_declares_its_type_and_an_error_fits_any_row():
     assert RESP.fits(array("GET", "k"), b"$1\r\nv\r\n") and RESP.fits(array("GET", "k"), b"$-1\r\n")
+    assert RESP.fits(array("GET", "k"), b"_\r\n") and RESP.fits(array("HGETALL", "h"), b"%0\r\n")
+    assert RESP.fits(array("GET", "k"), b"!3\r\nERR\r\n")   # RESP3's blob error
+    assert not RESP.fits(array("GET", "k"), b"%0\r\n")
+    assert not RESP.fits(array("GET", "k"), b">0\r\n")   # a push answers no request
     assert not RESP.fits(array("GET", "k"), b"+OK\r\n")
     assert not RESP.fits(array("INCR", "n"), b"$1\r\n1\r\n")
     assert RESP.fits(array("INCR", "n"), b":1\r\n")

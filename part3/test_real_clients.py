@@ -445,8 +445,8 @@ class ScriptedByRequest(Server):
             conn.sendall(self.replies[line.rstrip(b"\r")])
 
 
-@pytest.mark.parametrize("bad", [b"%1\r\n+a\r\n+b\r\n", b"$x\r\n", b"_\r\n"], ids=["resp3-map", "bad-length",
-                                                                                    "resp3-null"])
+@pytest.mark.parametrize("bad", [b"%1\r\n+a\r\n+b\r\n", b"$x\r\n", b"$?\r\n"],
+                         ids=["a-map-to-get", "bad-length", "streamed"])
 def test_a_reply_resp_cannot_frame_costs_an_error_and_its_connection_and_the_pipelined_requests_are_served(bad):
     with ScriptedByRequest({b"GET bad": bad, b"GET good": b"$4\r\nfine\r\n"}) as upstream, \
             FramedProxy(upstream.addr, framing=RESP) as proxy, \

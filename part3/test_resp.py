@@ -31,6 +31,32 @@ scalars = st.one_of(
 replies = st.recursive(scalars, lambda elements: st.lists(elements, max_size=4).map(
     lambda items: b"*%d\r\n" % len(items) + b"".join(items)), max_leaves=20)
 
+# RESP3's types besides: a null, a boolean, a double, a big number, a verbatim string, a blob
+# error; then aggregates: an array, a set or a push of n, a map or an attribute of n pairs
+# (an attribute followed by the reply it annotates: one message)
+resp3_scalars = st.one_of(
+    scalars,
+    st.just(b"_\r\n"),
+    st.sampled_from([b"#t\r\n", b"#f\r\n", b",inf\r\n", b",-inf\r\n", b",nan\r\n"]),
+    st.floats(allow_nan=False, allow_infinity=False).map(lambda number: b",%r\r\n" % number),
+    st.integers(-2**200, 2**200).map(lambda number: b"(%d\r\n" % number),
+    st.binary(max_size=20).map(lambda data: b"=%d\r\ntxt:%s\r\n" % (len(data) + 4, data)),
+    st.binary(max_size=20).map(lambda data: b"!%d\r\n%s\r\n" % (len(data), data)),
+)
+
+
+def resp3_aggregate(elements):
+    listed = st.tuples(st.sampled_from(b"*~>"), st.lists(elements, max_size=4)).map(
+        lambda made: b"%c%d\r\n" % (made[0], len(made[1])) + b"".join(made[1]))
+    pairs = st.tuples(st.sampled_from(b"%|"), st.lists(st.tuples(elements, elements), max_size=3),
+                      elements).map(
+        lambda made: b"%c%d\r\n" % (made[0], len(made[1])) + b"".join(map(b"".join, made[1])) +
+        (made[2] if made[0] == ord("|") else b""))
+    return st.one_of(listed, pairs)
+
+
+resp3_replies = st.recursive(resp3_scalars, resp3_aggregate, max_leaves=20)
+
 
 def frame_stream(chunks):
     """What a pool does: buffer the chunks as they come and cut a reply off whenever
@@ -76,6 +102,15 @@ def test_any_replies_cut_anywhere_are_framed_back_exactly_as_sent(sent, points):
 def test_a_parser_that_keeps_its_place_frames_any_replies_cut_anywhere_as_sent(sent, points):
     framed, left = frame_stream_keeping_place(cut(b"".join(sent), points))
     assert framed == sent and left == b""
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(sent=st.lists(resp3_replies, min_size=1, max_size=5), points=st.lists(st.integers(0, 10**6),
+                                                                            max_size=12))
+def test_any_resp3_replies_cut_anywhere_are_framed_back_exactly_as_sent(sent, points):
+    framed, left = frame_stream_keeping_place(cut(b"".join(sent), points))
+    assert framed == sent and left == b""
+    assert frame_stream(cut(b"".join(sent), points)) == (sent, b"")
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -185,6 +220,15 @@ def test_arrays_nested_deeper_than_pythons_recursion_limit_are_framed(depth):
     (b"-ERR wrong type\r\n", 17),
     (b":-42\r\n", 6),
     (b"", None),
+    (b"%2\r\n+a\r\n:1\r\n+b\r\n_\r\n", 19),                # RESP3: a map of two pairs
+    (b"%2\r\n+a\r\n:1\r\n+b\r\n", None),
+    (b"~2\r\n#t\r\n,1.5\r\n", 14),                           # a set, a boolean, a double
+    (b">3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$2\r\nhi\r\n", 33),   # a push
+    (b"|1\r\n+ttl\r\n:3\r\n$2\r\nhi\r\n+next\r\n", 22),          # an attribute, then its reply
+    (b"|1\r\n+ttl\r\n:3\r\n", None),                           # an attribute alone is no reply
+    (b"=8\r\ntxt:abcd\r\n(12345678901234567890123\r\n", 14),   # a verbatim string
+    (b"!9\r\nERR\r\nsome\r\n", 15),                           # a blob error may hold \r\n
+    (b"_\r\n", 3),
 ], ids=lambda value: repr(value) if isinstance(value, bytes) else str(value))
 def test_reply_size_by_hand(buffer, size):
     assert RESP.reply_size(buffer) == size
@@ -198,10 +242,19 @@ def test_reply_size_by_hand(buffer, size):
     b"+OK\n",                # a bare \n
     b"\r\n",
     b"$2000000\r\n",         # longer than max_reply: it could never be buffered
+    b"%-1\r\n", b"~-1\r\n", b"=-1\r\n", b"=3\r\ntxt\r\n", b"#x\r\n", b"_x\r\n", b",1,5\r\n",
+    b"(1.5\r\n", b".\r\n", b"%1000000\r\n",
 ])
 def test_bytes_no_reply_starts_with_are_a_value_error(buffer):
     with pytest.raises(ValueError):
         RESP.reply_size(buffer)
+
+
+@pytest.mark.parametrize("streamed", [b"$?\r\n;4\r\nhell\r\n;0\r\n", b"*?\r\n:1\r\n.\r\n",
+                                      b"%?\r\n", b"~?\r\n"])
+def test_a_streamed_resp3_message_is_refused_saying_redis_server_never_sends_one(streamed):
+    with pytest.raises(ValueError, match="a streamed RESP3 message .*redis-server never sends one"):
+        RESP.reply_size(streamed)
 
 
 def test_fits_wants_one_whole_reply_of_a_type_the_command_can_get():
