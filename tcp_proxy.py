@@ -1,4 +1,4 @@
-"""tcp_proxy: four ways to stand between clients and a line-protocol server.
+"""tcp_proxy: three proxies between clients and a line-protocol server, and the server.
 
 The lesson: a connection pool's checkin is a parse. A pool may lend a connection
 to the next borrower only once the last reply has ended, and only the protocol
@@ -33,6 +33,7 @@ The order a request takes through FramedProxy:
 import collections
 import contextlib
 import itertools
+import math
 import os
 import queue
 import select
@@ -99,6 +100,14 @@ def more_of_reply(sock):
     if not (data := sock.recv(CHUNK)):
         raise ConnectionResetError("upstream closed mid-reply")
     return data
+
+
+def ready(sock, events=select.POLLIN, timeout=None):
+    """True once sock is ready for events within timeout seconds (None: no limit). poll(),
+    not select(): select() fails on descriptors above 1023."""
+    poller = select.poll()
+    poller.register(sock, events)
+    return bool(poller.poll(None if timeout is None else math.ceil(timeout * 1000)))
 
 
 def shutdown(sock, how=socket.SHUT_RDWR):
@@ -740,9 +749,7 @@ class FramedProxy(Server):
         # "timeout": over when the upstream, once it has begun, says nothing for release_timeout
         buffer = bytearray(buffer)   # grows in place: reading a long reply stays linear
         buffer += self.more_before(sock, deadline)
-        poller = select.poll()   # not select(): that fails on descriptors above 1023
-        poller.register(sock, select.POLLIN)
-        while poller.poll(self.release_timeout * 1000):
+        while ready(sock, timeout=self.release_timeout):
             buffer += self.more_before(sock, deadline)
         return bytes(buffer), b""
 
@@ -772,9 +779,7 @@ class FramedProxy(Server):
     def quiet(self, sock):
         """Before a loan: True if the idle connection has said nothing since its last
         reply; else close it (bytes nobody asked for are dirty, an EOF is a hang-up)."""
-        poller = select.poll()   # not select(): that fails on descriptors above 1023
-        poller.register(sock, select.POLLIN)
-        if self.release == "timeout" or not poller.poll(0):
+        if self.release == "timeout" or not ready(sock, timeout=0):
             return True
         self.checkin(sock, "dirty" if recv(sock, socket.MSG_PEEK) else "discarded")
         return False

@@ -152,6 +152,24 @@ def test_timeout_release_is_right_on_one_write_and_wrong_on_a_paused_reply():
     assert demo.release_trial("timeout", split=True) == 0
 
 
+GC_PAUSE = 0.12   # seconds an upstream pauses inside a reply (COMMENTARY.md, scenario 6)
+
+
+@pytest.mark.parametrize("release", ["framed", "timeout"])
+def test_a_pause_longer_than_the_release_timeout_cuts_a_reply_only_for_the_timeout_rule(release):
+    pause = lambda number: time.sleep(GC_PAUSE) if number == 1 else None   # the first reply only
+    with Upstream(split_at=len(b"alpha="), pause=pause) as upstream, \
+            FramedProxy(upstream.addr, release=release) as proxy, contextlib.ExitStack() as stack:
+        assert proxy.release_timeout < GC_PAUSE
+        first, second = connect(stack, proxy.addr), connect(stack, proxy.addr)
+        first.send(b"GET alpha\n")
+        got = first.read_line() if release == "framed" else first.sock.recv(64)   # no b"\n" to wait for
+        second.send(b"GET bravo\n")
+        wanted = {"framed": (b"alpha=AAAAAAAAAAAA\n", b"bravo=BBBBBBBBBBBB\n"),
+                  "timeout": (b"alpha=", b"AAAAAAAAAAAA\n")}   # the tail is the next borrower's
+        assert (got, second.read_line()) == wanted[release]
+
+
 def test_pool_release_must_be_framed_or_timeout():
     with pytest.raises(ValueError, match="release"):
         FramedProxy(("127.0.0.1", 9), release="on-idle")

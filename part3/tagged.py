@@ -38,20 +38,20 @@ ends the connection (the upstream has lost replies), as in Part two.
 import collections
 import contextlib
 import itertools
-import math
 import re
 import select
 import socket
 import threading
 import time
 
-from tcp_proxy import Hooks, LineTooLong, Server, answer, host_and_port, loggable, read_lines, shutdown
+from part2.connection import ABANDONED_MAX   # Part two's bound on replies owed to nobody
+from tcp_proxy import (Hooks, LineTooLong, Server, answer, host_and_port, loggable, read_lines,
+                       ready, shutdown)
 
 MAX_OWED = 1024        # calls owed on one connection (waiting or timed out, not yet answered)
 MAX_IN_FLIGHT = 256    # requests one upstream connection answers at once; past it, it stops reading
 MAX_ANSWERING = 1024   # request threads one TaggedUpstream runs at once over all its connections;
                        # past it, every connection's reader waits for one to end
-ABANDONED_MAX = 64     # timed-out calls whose replies one connection may owe; one more ends it
 OVERDUE_TIMEOUT = 5.0  # seconds a timed-out call's reply may still take before the connection ends
 
 ID = re.compile(rb"(0|[1-9][0-9]{0,17}) (.*)", re.DOTALL)   # at most 18 digits: a plain int
@@ -96,8 +96,9 @@ class TaggedUpstream(Server):
         super().__init__()
         self.delays, self.tagged = dict(delays or {}), tagged
         self.pause = pause or (lambda key: None)
-        self.parsed = collections.deque(maxlen=1000)    # the latest request lines, loggable(), in order
-        self.written = collections.deque(maxlen=1000)   # the latest reply lines, loggable(), as written
+        # the latest request lines and reply lines, as loggable() keeps them, in order
+        self.parsed = collections.deque(maxlen=1000)
+        self.written = collections.deque(maxlen=1000)
         # held by every request thread, over all connections; a reader waits for one to be free
         self._answering = threading.BoundedSemaphore(answering_max)
 
@@ -118,12 +119,12 @@ class TaggedUpstream(Server):
                 try:
                     answering.append(self.spawn(self._answer, conn, line, number, order, write_lock,
                                                 in_flight))
-                except RuntimeError:   # no thread to be had: the slots it was to hold are free again
+                except RuntimeError:   # no thread to be had: its slots are free again
                     in_flight.release()
                     self._answering.release()
                     raise
         finally:
-            for thread in answering:   # at EOF the replies still owed are written, then the socket closes
+            for thread in answering:   # at EOF the replies owed are written, then it closes
                 thread.join()
 
     def _answer(self, conn, line, number, order, write_lock, in_flight):
@@ -151,7 +152,7 @@ class TaggedUpstream(Server):
                 self.written.append(loggable(reply).rstrip("\n"))
                 self.count("replies")
         finally:
-            order.done(number)   # even a failed reply ends its turn, so none after it waits for ever
+            order.done(number)   # even a failed reply ends its turn: none after it waits for ever
             in_flight.release()
             self._answering.release()
 
@@ -227,8 +228,9 @@ class TaggedClient(Hooks):
     # timeouts  calls that gave up; bumped by call() as it leaves the reply to be dropped
     # dropped   late replies of timed-out calls thrown away; bumped by the reader thread
     # broken    1 once the connection has ended; bumped by _break()
-    on_event = None   # callback(client, event): ("sent", request with its id) just before it is written,
-                      # ("got", line) for each reply line the reader takes; pictures/ draws through it
+    # callback(client, event): ("sent", request with its id) just before it is written,
+    # ("got", line) for each reply line the reader takes; pictures/ draws through it
+    on_event = None
 
     def __init__(self, addr, msg_timeout=-1, overdue_timeout=OVERDUE_TIMEOUT):
         super().__init__()
@@ -238,7 +240,7 @@ class TaggedClient(Hooks):
         self.sock.settimeout(None)   # from here on the reader waits as long as calls are owed
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.owed = {}           # id -> Call: sent (or being sent), reply not yet in
-        self.abandoned = {}      # id -> when its reply is overdue (time.monotonic()), for timed-out calls
+        self.abandoned = {}      # timed-out calls: id -> when its reply is overdue (monotonic)
         self.failure = None      # why the connection ended; set once, by _break()
         self._ids = itertools.count(1)   # never reused: a late reply can match no other call
         self._lock = threading.Condition()   # guards the above; notified when a call settles
@@ -254,7 +256,8 @@ class TaggedClient(Hooks):
             raise ValueError(f"a request is one line ending in b'\\n', not {line[:40]!r}")
         if msg_timeout is None:
             msg_timeout = self.msg_timeout
-        deadline = None if msg_timeout < 0 else time.monotonic() + msg_timeout   # from the call's start
+        # from the call's start
+        deadline = None if msg_timeout < 0 else time.monotonic() + msg_timeout
         call = Call()
         with self._lock:
             self._end_if_overdue()
@@ -270,7 +273,7 @@ class TaggedClient(Hooks):
             self._break(f"sending failed: {error}")
         with self._lock:
             while not call.settled:
-                overdue_at = self._end_if_overdue()   # if it ends the connection, this call fails too
+                overdue_at = self._end_if_overdue()   # ending the connection fails this call too
                 if call.settled:
                     break
                 now = time.monotonic()
@@ -296,8 +299,6 @@ class TaggedClient(Hooks):
         try:
             self._tell("sent", request)   # with its id, before a byte of it is written
             unsent = memoryview(request)
-            writable = select.poll()   # not select(): that fails on descriptors above 1023
-            writable.register(self.sock, select.POLLOUT)
             while True:
                 with contextlib.suppress(BlockingIOError):   # the upstream's buffers are full
                     unsent = unsent[self.sock.send(unsent, socket.MSG_DONTWAIT):]
@@ -307,8 +308,9 @@ class TaggedClient(Hooks):
                 if wait is not None and wait <= 0 and len(unsent) == len(request):
                     return   # nothing of it went out: the connection is still in step
                 if wait is not None and wait <= 0:
-                    raise TimeoutError(f"the deadline came with {len(unsent)} of {len(request)} bytes unsent")
-                writable.poll(None if wait is None else math.ceil(wait * 1000))
+                    raise TimeoutError(f"the deadline came with {len(unsent)} of {len(request)} "
+                                       f"bytes unsent")
+                ready(self.sock, select.POLLOUT, wait)
             self.count("sent")
         finally:
             self._send_lock.release()
@@ -320,7 +322,7 @@ class TaggedClient(Hooks):
         self.abandoned[request_id] = time.monotonic() + self.overdue_timeout
         if len(self.abandoned) > ABANDONED_MAX:
             self._break(f"more than {ABANDONED_MAX} timed-out calls' replies owed")
-        self._lock.notify_all()   # a waiting call has a new moment to wake at: this reply's overdue time
+        self._lock.notify_all()   # a waiting call has a new moment to wake at: this overdue time
 
     def _end_if_overdue(self):
         """With the lock held: end the connection if a timed-out call's reply is overdue;

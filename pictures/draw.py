@@ -177,7 +177,8 @@ def draw_dishonest(recorder):
         note = (f"right {right}/{total}   another client's answer {others}   dirty connections closed {dirty}   "
                 f"upstream connections opened {connections}")
         y = pool_panel(svg, y + 10, rules.get(label, label), note, lent, replies, total) + 24
-    svg.legend(16, y, [("red fill: the line nobody asked for", *colours(NOBODY))], owners="AB")
+    svg.legend(16, y, [("red outline: not this request's answer", "#ffffff", RED),
+                       ("red fill: the line nobody asked for", *colours(NOBODY))], owners="AB")
     return svg
 
 
@@ -189,34 +190,51 @@ def short(request):
 
 
 def dirty_rows(steps):
-    """One client's steps as svg.sequence rows, each remarked with what the connection owes after it."""
+    """One client's steps as svg.sequence rows: each request and reply on the lane of the
+    connection that carried it, remarked with what that connection owes after it."""
     rows, numbers = [], {}
     for e in steps:
-        owed = ", ".join(short(request) + (" (abandoned)" if abandoned else "") for request, abandoned in e.owed)
-        owed = f"owed on connection {numbers.setdefault(e.connection, len(numbers) + 1)}: " + (
-            "(connection gone)" if e.ended else owed or "(nothing)")
+        lane = f"connection {numbers.setdefault(e.connection, len(numbers) + 1)}"
+        owed = ", ".join(short(request) + (" (abandoned)" if abandoned else "")
+                         for request, abandoned in e.owed)
+        owed = f"{lane} closed" if e.ended else f"owes: {owed or 'nothing'}"
         if e.kind == "sent":
-            rows.append(("arrow", "ManagedClient", "upstream", e.data, None, False, f"t={e.t}s  {owed}"))
+            rows.append(("arrow", "ManagedClient", lane, e.data, None, False, f"t={e.t}s  {owed}"))
         elif e.kind == "timed out":
-            rows.append(("note", "ManagedClient", f"t={e.t}s {short(e.data)} times out", None, False, owed))
+            label = f"t={e.t}s {short(e.data)} times out"
+            rows.append(("note", "ManagedClient", label, None, False, owed))
         elif e.oldest is None:
-            rows.append(("arrow", "upstream", "ManagedClient", e.data, None, False, f"no call is owed it; {owed}"))
+            rows.append(("arrow", lane, "ManagedClient", e.data, None, False,
+                         f"no call was owed it; {owed}"))
         else:
             wrong = not e.oldest.abandoned and e.data != answer_to(e.oldest.request)
             what = f"discarded: {short(e.oldest.request)} gave up" if e.oldest.abandoned else (
-                f"handed to {short(e.oldest.request)}" + (": WRONG" if wrong else ""))
-            rows.append(("arrow", "upstream", "ManagedClient", e.data, None, wrong, f"{what}; {owed}"))
+                f"to {short(e.oldest.request)}" + (": WRONG" if wrong else ""))
+            rows.append(("arrow", lane, "ManagedClient", e.data, None, wrong, f"{what}; {owed}"))
     return rows
 
 
+def rule_of(client):
+    """What a client does with a timed-out call, in words, then its settings."""
+    if client.late_replies == "forget":
+        return 'forget the call: the bug (late_replies="forget")'
+    if client.msg_timeout_is_fatal:
+        return "close its connection (msg_timeout_is_fatal=True)"
+    return "keep its reply owed, discard it on arrival (the default)"
+
+
 def draw_dirty_return(recorder):
-    svg, y = titled("Part two, scenario 1: the dirty return, a timed-out call's late reply",
-                    "one client per rule; beside each step, the calls its connection owes after it, oldest first")
-    for client in dict.fromkeys(e.client for e in recorder.of(Step)):   # each ManagedClient, as it first spoke
+    svg, y = titled("Part two, scenario 1: the dirty return",
+                    "GET apple times out at t=1.0s; GET banana follows; apple's reply then comes")
+    for client in dict.fromkeys(e.client for e in recorder.of(Step)):   # as each first spoke
         steps = [e for e in recorder.of(Step) if e.client == client]   # what its on_event told of
-        rule = f'late_replies="{client.late_replies}", msg_timeout_is_fatal={client.msg_timeout_is_fatal}'
-        svg.text(16, y + 16, rule, 14, INK, bold=True)   # what the rule does shows in what stays owed
-        y = sequence(svg, y + 62, {"ManagedClient": 130, "upstream": 390}, dirty_rows(steps), 460) + 10
+        rows = dirty_rows(steps)
+        lanes = {"ManagedClient": 130}
+        for row in rows:   # a lifeline per connection, in the order they were made
+            for lane in row[1:3] if row[0] == "arrow" else ():
+                lanes.setdefault(lane, 390 + 200 * (len(lanes) - 1))
+        svg.text(16, y + 16, rule_of(client), 14, INK, bold=True)
+        y = sequence(svg, y + 62, lanes, rows, 680) + 10   # one column of remarks for every rule
     return svg
 
 

@@ -199,6 +199,7 @@ def figures():
     top_cap = max(int(cap) for cap in caps.split(","))
     split = demo.SPLIT_AT
     timeout = inspect.signature(FramedProxy).parameters["release_timeout"].default
+    pause = float(re.search(r"GC_PAUSE = ([\d.]+)", source_of(HERE / "test_tcp_proxy.py")).group(1))
     reruns = number_in(HERE / "test_tcp_proxy.py", r"for _ in range\((\d+)\)\]")
     check_runs = number_in(HERE / "Makefile", r"seq (\d+)")
     few_cap = number_in(HERE / "test_tcp_proxy.py", r"FramedProxy\(upstream.addr, pool_cap=(\d+)\) as proxy:\n"
@@ -242,6 +243,10 @@ def figures():
         # scenario 6: the paused reply
         f"first {split} bytes",
         f"{timeout} s",
+        f"the release timeout is {timeout * 1000:g} ms",
+        f"stops for {pause * 1000:g} ms",
+        f"reply {timeout * 1000:g} ms into the pause",
+        f"comes {(pause - timeout) * 1000:g} ms later",
         f"0/{clients}",
         f"{clients}/{clients}",
         # hooks, lifecycle, the tests that hold the transcript still

@@ -1,15 +1,15 @@
-"""Issue 17's findings in tcp_proxy.py and part3/tagged.py, one claim per test, with
-exact figures. Each test failed on the code before its fix (d478722); the docstring
-or comment of each says how it failed there.
+"""Trust in tcp_proxy.py and part3/tagged.py when peers and clients lie, one claim per
+test, with exact figures. Each test failed on the code before its fix; its docstring or
+comment says how ("Before: ...").
 
     the fit check      a shifted reply reaches no one, through FramedProxy and through
-                       Part two's pipelined ManagedProxy (finding 1)
-    the accept loop    a thread that cannot start costs one connection (finding 5)
-    NaiveProxy         a pipelined flood moves, and close() returns (finding 6)
-    addresses          an upstream's own IPv6 .addr works; a bad one leaves nothing (finding 11)
-    logs               bounded in bytes as well as entries (finding 14)
-    TaggedClient       the send under the deadline (8); timed-out ids bounded (9)
-    TaggedUpstream     a bound on its threads over all connections (finding 15)
+                       Part two's pipelined ManagedProxy
+    the accept loop    a thread that cannot start costs one connection
+    NaiveProxy         a pipelined flood moves, and close() returns
+    addresses          an upstream's own IPv6 .addr works; a bad one leaves nothing
+    logs               bounded in bytes as well as entries
+    TaggedClient       the send under the deadline; timed-out ids bounded
+    TaggedUpstream     a bound on its threads over all connections
 """
 import contextlib
 import re
@@ -35,7 +35,7 @@ def connect(stack, addr):
     return client
 
 
-# --- the fit check: a reply fits only the request whose reply it is (finding 1) ------------
+# --- the fit check: a reply fits only the request whose reply it is ---------------------
 #
 # Before: fits() let any ERR line answer any request, and any reply starting `k=` answer
 # `GET k`; each variant below gave the victim the other client's bytes, in both pools.
@@ -55,7 +55,7 @@ request_lines = st.lists(st.sampled_from(LINE_PIECES), max_size=12).map(b"".join
 @pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(ours=request_lines, theirs=request_lines)
-def test_a_reply_fits_a_request_only_if_it_is_the_same_bytes_as_that_requests_own_reply(ours, theirs):
+def test_a_reply_fits_a_request_only_if_it_is_that_requests_own_reply(ours, theirs):
     """Before: fits(b"x\\n", answer(b"y")) was True (any ERR answered anything)."""
     assert LINES.fits(ours + b"\n", answer(ours))
     assert LINES.fits(ours + b"\n", answer(theirs)) == (answer(theirs) == answer(ours))
@@ -91,7 +91,7 @@ class RepeatsItsFirstReplyLate(Upstream):
 
 
 @pytest.mark.parametrize("victim, other, secret", SHIFTS.values(), ids=SHIFTS.keys())
-def test_framed_proxy_answers_a_reply_repeated_to_the_next_borrower_with_an_err_that_holds_none_of_it(
+def test_framed_proxy_answers_a_repeated_reply_with_an_err_that_holds_none_of_it(
         victim, other, secret):
     """Before: the victim received the other client's reply, secret included."""
     with RepeatsItsFirstReplyLate() as upstream, FramedProxy(upstream.addr, pool_cap=1) as proxy, \
@@ -108,7 +108,7 @@ def test_framed_proxy_answers_a_reply_repeated_to_the_next_borrower_with_an_err_
 
 @pytest.mark.parametrize("fault", ["skip", "extra"])
 @pytest.mark.parametrize("victim, other, secret", SHIFTS.values(), ids=SHIFTS.keys())
-def test_pipelined_managed_proxy_answers_a_skipped_or_repeated_reply_with_message_lost_never_with_it(
+def test_pipelined_managed_proxy_answers_a_skipped_or_repeated_reply_with_an_error(
         victim, other, secret, fault):
     """skip: the victim's reply never comes, so the other's comes first; extra: the other's
     reply comes twice. Before: the victim received the other's reply, secret included."""
@@ -125,7 +125,7 @@ def test_pipelined_managed_proxy_answers_a_skipped_or_repeated_reply_with_messag
     assert replies[other] == (lost if fault == "skip" else answer(other).decode().rstrip("\n"))
 
 
-# --- the accept loop: no error ends it (finding 5) -------------------------------------------
+# --- the accept loop: no error ends it --------------------------------------------------
 
 class OutOfThreadsOnce(Upstream):
     """spawn() fails once for a connection's thread, as a system out of threads does."""
@@ -147,7 +147,7 @@ def test_a_connection_whose_thread_cannot_start_is_closed_and_the_next_one_is_se
         assert (upstream.refused, upstream.connections) == (1, 2)
 
 
-# --- NaiveProxy under a flood: it may misroute, but it moves (finding 6) --------------------
+# --- NaiveProxy under a flood: it may misroute, but it moves ----------------------------
 
 FLOOD_REQUEST = b"GET %s\n" % (b"k" * 60_000)
 FLOOD = 1000   # requests of 60 kB: 60 MB each way, far past what loopback's buffers hold
@@ -173,7 +173,7 @@ def close_within(server, seconds):
 
 
 @pytest.mark.slow
-def test_naive_relay_passes_on_every_reply_of_a_pipelined_flood_once_its_client_reads():
+def test_naive_relay_passes_on_every_reply_of_a_flood_once_its_client_reads():
     """The client writes until everything is full, then reads. Before: forward() held the
     lock across its write upstream, and route() needed it to pass the next reply on:
     nothing moved again (71 replies of 1000 in the run checked, then none in 5 s)."""
@@ -203,7 +203,7 @@ def test_naive_relay_passes_on_every_reply_of_a_pipelined_flood_once_its_client_
         assert written < len(flood) and (replies, closed) == (FLOOD, True)
 
 
-def test_naive_relay_closes_within_2_seconds_while_a_client_that_never_reads_floods_it():
+def test_naive_relay_closes_promptly_while_a_client_that_never_reads_floods_it():
     """Before: close() waited for ever on the lock forward() held across a write that
     could not finish."""
     with Upstream() as upstream:
@@ -216,7 +216,7 @@ def test_naive_relay_closes_within_2_seconds_while_a_client_that_never_reads_flo
         assert written < len(FLOOD_REQUEST * FLOOD) and closed
 
 
-# --- addresses of any family (finding 11) ----------------------------------------------------
+# --- addresses of any family ------------------------------------------------------------
 
 def skip_without_ipv6_loopback():
     if not socket.has_ipv6:
@@ -236,7 +236,7 @@ class TaggedUpstreamOnIPv6(TaggedUpstream):
 
 
 @pytest.mark.parametrize("proxy_class", [NaiveProxy, FramedProxy, PassthroughProxy])
-def test_every_proxy_reaches_an_upstream_listening_on_ipv6_by_its_own_4_tuple_addr(proxy_class):
+def test_every_proxy_reaches_an_upstream_on_ipv6_by_its_own_addr(proxy_class):
     """Before: the upstream listened on 127.0.0.1 whatever it asked (and Server.listen(("::1",
     0)) was refused); given a 4-tuple, connect() raised ValueError."""
     skip_without_ipv6_loopback()
@@ -246,7 +246,7 @@ def test_every_proxy_reaches_an_upstream_listening_on_ipv6_by_its_own_4_tuple_ad
         assert proxy.opened == 1
 
 
-def test_a_tagged_client_reaches_a_tagged_upstream_on_ipv6_by_its_own_addr():
+def test_a_tagged_client_reaches_a_tagged_upstream_listening_on_ipv6_by_its_addr():
     skip_without_ipv6_loopback()
     with TaggedUpstreamOnIPv6() as upstream, TaggedClient(upstream.addr) as client:
         assert len(upstream.addr) == 4 and client.call(b"GET alpha\n") == answer(b"GET alpha")
@@ -256,7 +256,7 @@ BAD_ADDRESSES = [("127.0.0.1",), ("127.0.0.1", 80, 0), "127.0.0.1:80"]
 
 
 @pytest.mark.parametrize("bad", BAD_ADDRESSES, ids=repr)
-def test_every_proxy_refuses_a_bad_address_with_a_value_error_and_leaves_no_thread_or_socket(bad):
+def test_every_proxy_refuses_a_bad_address_and_leaves_no_thread_or_socket(bad):
     """Before: ("127.0.0.1", 80, 0) left NaiveProxy's accept thread running (only OSError
     was cleaned up), and PassthroughProxy and FramedProxy took any address."""
     before = set(threading.enumerate())
@@ -285,12 +285,12 @@ def test_a_framed_pool_frees_the_slot_a_connect_reserved_whatever_the_connect_ra
         assert (proxy.open, proxy.discarded, proxy.opened) == (0, 2, 0)
 
 
-# --- request logs bounded in bytes (finding 14) ----------------------------------------------
+# --- request logs bounded in bytes ------------------------------------------------------
 
 LONG_LINE = b"\xff" * 64_000   # each byte is one U+FFFD when decoded: bytes and characters agree
 
 
-def test_upstream_keeps_200_bytes_of_each_request_line_so_200_lines_of_64000_hold_40000():
+def test_upstream_keeps_the_first_bytes_of_each_request_line_it_logs():
     """Before: every line kept whole, so these 200 would hold 200 x 64,000 = 12,800,000 characters
     (measured with 1,000 lines: 64,000,000 in 128 MB). The bound, not the count, is the claim."""
     with Upstream() as upstream, socket.create_connection(upstream.addr) as sock:
@@ -300,7 +300,7 @@ def test_upstream_keeps_200_bytes_of_each_request_line_so_200_lines_of_64000_hol
         assert sum(map(len, upstream.parsed)) == 200 * LOG_LINE_MAX == 40_000
 
 
-def test_tagged_upstream_keeps_200_bytes_of_each_line_it_logs_so_200_of_64000_hold_40000():
+def test_tagged_upstream_keeps_the_first_bytes_of_each_line_it_logs():
     """Before: every line kept whole, so these 200 calls would hold 200 x 64,000 = 12,800,000 characters
     in each of parsed and written (measured with 1,000 calls: 64,000,000). The bound, not the count,
     is the claim."""
@@ -313,7 +313,7 @@ def test_tagged_upstream_keeps_200_bytes_of_each_line_it_logs_so_200_of_64000_ho
         assert upstream.parsed[0] == "1 GET " + "k" * (LOG_LINE_MAX - 6)
 
 
-# --- TaggedClient: the send under the deadline (finding 8) ------------------------------------
+# --- TaggedClient: the send under the deadline ------------------------------------------
 
 class Outcomes:
     """Calls on threads of their own, and what each gave: a reply or the error's class."""
@@ -364,7 +364,7 @@ def test_a_request_cut_off_mid_write_by_its_deadline_breaks_the_connection():
         assert kit.outcome(client.call, b"GET a\n", expected=TaggedError) == reason   # the connection has ended
 
 
-# --- TaggedClient: timed-out ids bounded in count and time (finding 9) --------------------------
+# --- TaggedClient: timed-out ids bounded in count and time ------------------------------
 
 def held_until_closed(upstream, prefix):
     """A pause hook: replies to keys starting with `prefix` are written only at close()."""
@@ -374,7 +374,7 @@ def held_until_closed(upstream, prefix):
     return pause
 
 
-def test_the_65th_timed_out_call_whose_reply_never_comes_ends_the_connection_and_fails_the_owed_call():
+def test_a_timed_out_call_past_the_bound_ends_the_connection_and_its_owed_call():
     """Before: nothing ended; timed-out ids piled up until 1024, after which every call
     was refused for good ("1024 calls already owed") on a connection that was fine."""
     with TaggedUpstream() as upstream, TaggedClient(upstream.addr) as client:
@@ -390,7 +390,7 @@ def test_the_65th_timed_out_call_whose_reply_never_comes_ends_the_connection_and
         assert (client.sent, client.timeouts, client.broken, client.abandoned) == (66, 65, 1, {})
 
 
-def test_a_timed_out_calls_reply_still_missing_overdue_timeout_later_ends_the_connection():
+def test_a_timed_out_calls_reply_still_missing_overdue_timeout_later_ends_it():
     """overdue_timeout=0: overdue at once. The call still waiting wakes and fails.
     Before: there was no such bound (overdue_timeout was not a setting)."""
     with TaggedUpstream() as upstream, TaggedClient(upstream.addr, overdue_timeout=0) as client:
@@ -404,13 +404,13 @@ def test_a_timed_out_calls_reply_still_missing_overdue_timeout_later_ends_the_co
         assert kit.outcome(client.call, b"GET healthy\n", expected=TaggedError) == reason
 
 
-# --- TaggedUpstream: a bound on its threads over all connections (finding 15) -------------------
+# --- TaggedUpstream: a bound on its threads over all connections ------------------------
 
 class Holding(Hooks):
     counters = {"held": 0}   # request threads waiting in the pause hook; bumped by the hook
 
 
-def test_a_tagged_upstream_runs_at_most_answering_max_request_threads_over_all_its_connections():
+def test_a_tagged_upstream_runs_at_most_answering_max_threads_over_all_connections():
     """answering_max=4; 4 requests on one connection, then 3 on another. Before: no bound
     across connections: all 7 ran at once (and 20 connections could run 5,120)."""
     holding, release = Holding(), threading.Event()
