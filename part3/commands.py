@@ -16,8 +16,14 @@ what the pool does with it (its action):
     POLICY      refused by default (it acts on the whole server); allowed by name
     NEVER       refused whatever the policy says
 
-REPLAY, ANSWER, PIN and DEDICATE are refused for now, each naming its rule; PIN refuses a
-transaction whole (resp.RedisSession). The table reads them as redis-server does:
+A kind marked policy=True (MONITOR's) is refused by default too, and once allowed by name
+has its own action, not FORWARD's.
+
+What a pool does for REPLAY, ANSWER, PIN and DEDICATE is its session's (resp.RedisSession):
+a pool that keeps state for its clients (FramedProxy) replays SELECT, answers the session's
+commands itself, pins a transaction's connection and dedicates one to a wait or a stream;
+one that does not (ManagedProxy, for now) refuses each, naming its rule, and a refused
+MULTI refuses its transaction whole. The table reads them as redis-server does:
 lookup() finds a subcommand only under its container, as redis-server's command lookup
 does, and kind_of() reads the arguments that change a command's kind (XREAD's and
 XREADGROUP's BLOCK, wherever redis-server's own parse of their options finds it).
@@ -31,11 +37,13 @@ Map of the module:
     kind_of(row, items)   the row's kind, or the kind its arguments make it
 """
 import collections
+import math
+import re
 
 FORWARD, REPLAY, ANSWER, PIN, DEDICATE, POLICY, NEVER = (
     "forward", "replay", "answer", "pin", "dedicate", "policy", "never")
 
-Kind = collections.namedtuple("Kind", "replies effect action")
+Kind = collections.namedtuple("Kind", "replies effect action policy", defaults=(False,))
 Row = collections.namedtuple("Row", "name replies kind")
 
 KINDS = {
@@ -54,6 +62,8 @@ KINDS = {
                    "turns the connection into a stream of pushes no request asked for", DEDICATE),
     "blocks": Kind("one, once the wait ends", "holds the connection for as long as it waits",
                    DEDICATE),
+    "monitor": Kind("one, then every command the server runs",
+                    "streams every client's commands to the connection", DEDICATE, policy=True),
     "server": Kind("one", "acts on the whole server: all its keys, its settings, its life or its "
                           "other clients", POLICY),
     "replication": Kind("none, or a stream", "makes the connection a replica's link", NEVER),
@@ -81,10 +91,10 @@ RESET                   +       session
 QUIT                    +       session
 SELECT                  +       state
 CLIENT CACHING          +       state
-CLIENT GETNAME          $       plain
+CLIENT GETNAME          $       session
 CLIENT GETREDIR         :       plain
 CLIENT HELP             *       plain
-CLIENT ID               :       plain
+CLIENT ID               :       session
 CLIENT INFO             $       plain
 CLIENT KILL             +:      server
 CLIENT LIST             $       server
@@ -92,8 +102,8 @@ CLIENT NO-EVICT         +       state
 CLIENT NO-TOUCH         +       state
 CLIENT PAUSE            +       server
 CLIENT REPLY            +       silences
-CLIENT SETINFO          +       state
-CLIENT SETNAME          +       state
+CLIENT SETINFO          +       session
+CLIENT SETNAME          +       session
 CLIENT TRACKING         +       stream
 CLIENT TRACKINGINFO     *       plain
 CLIENT UNBLOCK          :       server
@@ -119,7 +129,7 @@ SSUBSCRIBE              *       stream
 UNSUBSCRIBE             *       stream
 PUNSUBSCRIBE            *       stream
 SUNSUBSCRIBE            *       stream
-MONITOR                 +       stream
+MONITOR                 +       monitor
 # -- keys
 COPY                    :       plain
 DEL                     :       plain
@@ -467,12 +477,18 @@ def xread_blocks(items):
     first STREAMS names a consumer and BLOCK is an option. A word that is none of these
     ends the parse (redis-server answers a syntax error); so does STREAMS, after which come
     keys and ids. A BLOCK with a timeout redis-server would refuse is taken as a wait."""
+    return xread_block(items) is not None
+
+
+def xread_block(items):
+    """Where XREAD's or XREADGROUP's BLOCK argument (its timeout) stands, as xread_blocks()
+    reads the options; None if it has none."""
     grouped = items[0].upper() == b"XREADGROUP"
     position = 1
     while position < len(items):
         word, more = option(items[position]), len(items) - position - 1
         if word == b"BLOCK" and more:
-            return True
+            return position + 1
         if word == b"COUNT" and more:
             position += 2
         elif word == b"GROUP" and more >= 2 and grouped:
@@ -480,8 +496,8 @@ def xread_blocks(items):
         elif word == b"NOACK" and grouped:
             position += 1
         else:
-            return False
-    return False
+            return None
+    return None
 
 
 # The commands whose arguments can change their kind: (the test, the kind, the option's name).
@@ -498,3 +514,32 @@ def kind_of(row, items):
         if changes(items):
             return kind
     return row.kind
+
+
+# Where each command that waits takes its timeout (an index into its words) and in what
+# unit (seconds per unit), as redis-server reads them; a timeout of 0 waits for ever.
+WAITS = {
+    b"BLPOP": (-1, 1), b"BRPOP": (-1, 1), b"BRPOPLPUSH": (-1, 1), b"BLMOVE": (-1, 1),
+    b"BZPOPMIN": (-1, 1), b"BZPOPMAX": (-1, 1), b"BLMPOP": (1, 1), b"BZMPOP": (1, 1),
+    b"WAIT": (-1, 0.001), b"WAITAOF": (-1, 0.001),
+}
+TIMEOUT = re.compile(rb"[0-9]+(\.[0-9]*)?|\.[0-9]+")   # what a timeout a wait takes looks like
+
+
+def wait_of(items):
+    """How long a request that waits may wait upstream, in seconds (math.inf: for ever), as
+    its own timeout says; None if it has none redis-server would take (it answers at once,
+    with an error)."""
+    command = items[0].upper()
+    if command in (b"XREAD", b"XREADGROUP"):
+        where, unit = xread_block(items), 0.001
+    elif command in WAITS and len(items) > 1:
+        where, unit = WAITS[command]
+    else:
+        return None
+    if where is None or not -len(items) < where < len(items):
+        return None
+    timeout = items[where]
+    if not TIMEOUT.fullmatch(timeout):
+        return None
+    return float(timeout) * unit or math.inf
