@@ -473,14 +473,16 @@ class Frames:
     it from recv(), Part two's event loop from its turn. A parser with a message()
     makes the message from the bytes kept of it: resp.Parser(overlong="drop") reads one
     too long to keep to its end, deleting from the buffer what it will not read again,
-    and gives the error that answers it, so the bytes kept stay bounded. One made to pass
-    such a message on (overlong="pass") keeps what it lets go of in `passed`: take() gives
+    and gives the error that answers it, so the bytes kept stay bounded. A parser still
+    `fresh` after a message (it read it in one pass, keeping nothing) reads the next one
+    too: a new parser is made only after a message read step by step. One made to pass a
+    long message on (overlong="pass") keeps what it lets go of in `passed`: take() gives
     it piece by piece, a Head, a Piece for each read of it, then a Passed at its end.
     """
 
     def __init__(self, new_parser, data=b""):
         self._new_parser = new_parser
-        self._size = new_parser()
+        self._parser = new_parser()
         self.unread = bytearray(data)   # read, not yet part of a message taken
         self.pieces = collections.deque()   # a long message's pieces, not yet taken
 
@@ -488,17 +490,22 @@ class Frames:
         self.unread += data
 
     def take(self):
-        """The next whole message (or piece), or None; ValueError (the parser's) for bytes no
-        message is."""
+        """The next whole message (or a piece of a long one), or None; ValueError (the
+        parser's) for bytes no message is."""
         if self.pieces:
             return self.pieces.popleft()
-        parser = self._size
-        size = parser(self.unread)
+        unread, parser = self.unread, self._parser
+        if not unread:   # nothing to parse: no parser has anything to say of no bytes
+            return None
+        size = parser(unread)
         message = None
         if size is not None:
-            message = getattr(parser, "message", bytes)(self.unread[:size])
-            del self.unread[:size]   # from the front of a bytearray: no copy of the rest
-            self._size = self._new_parser()
+            if getattr(parser, "fresh", False):   # read in one pass: nothing kept, nothing dropped
+                message = bytes(unread[:size])
+            else:
+                message = getattr(parser, "message", bytes)(unread[:size])
+                self._parser = self._new_parser()
+            del unread[:size]   # from the front of a bytearray: no copy of the rest
         if passed := getattr(parser, "passed", None):   # a long message's pieces, its end last
             self.pieces.extend(passed)
             passed.clear()
@@ -548,8 +555,7 @@ class Session:
     FramedProxy hands each request to serve(client, request, requests), which here admits
     it and sends it on with one borrow (pool.exchange()); a session that keeps state for its
     client (Redis: a database, a transaction, a subscription) lends connections its own way
-    (part3/lending.py). close() runs when the client has gone; `quitting`: it asked to end."""
-    quitting = False
+    (part3/lending.py). close() runs when the client has gone."""
 
     def __init__(self, framing, pool=None):
         self.framing = framing
@@ -578,12 +584,13 @@ class LineFraming:
         end = buffer.find(b"\n")
         return None if end < 0 else end + 1
 
-    def fits(self, request, reply):
+    def fits(self, request, reply, framed=False):
         """Whether reply has the whole shape of request's reply. GET k: k, "=", a value of 12
         copies of one byte, b"\n" (a key may hold "=": the value's length still pins it);
         anything else: exactly answer()'s PONG, or its ERR, which quotes this request.
         So a reply another request's answer could pass for is the same bytes as ours.
-        A line past MAX_LINE may instead get the upstream's overlong ERR (see read_lines)."""
+        A line past MAX_LINE may instead get the upstream's overlong ERR (see read_lines).
+        Every byte is checked, framed (a reply a reader framed, as resp's fits() takes) or not."""
         line = request.removesuffix(b"\n")
         if len(line) > MAX_LINE and reply == b"ERR line longer than %d bytes\n" % MAX_LINE:
             return True
@@ -679,8 +686,7 @@ class FramedProxy(Server):
         requests = self.requests(client)
         session = self.framing.session(self)   # what the pool answers itself, before any borrow
         try:
-            while not session.quitting and \
-                    (request := self.next_request(client, requests)) is not None:
+            while (request := self.next_request(client, requests)) is not None:
                 session.serve(client, request, requests)   # admitted, then exchange()d
         finally:
             session.close()   # what the client held (a transaction) is closed, never lent

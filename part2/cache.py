@@ -228,13 +228,16 @@ class ReliabilityCache(Hooks):
 
     def is_enabled(self, addr):
         """True unless this port, its host, this cache's availability callback or a parent says no.
-        Asked on every pick: kept short."""
-        availability = self._settings.maps[0].get("availability")
-        if availability and not call_back(self, availability, addr, otherwise=True):
-            return False
-        if (self._entries or self._hosts) and self.clock.now() < self.window_end(addr):
-            return False
-        return self.parent is None or self.parent.is_enabled(addr)
+        Asked on every pick: kept short, the chain of parents walked in one call."""
+        cache = self
+        while cache is not None:
+            availability = cache._settings.maps[0].get("availability")
+            if availability and not call_back(cache, availability, addr, otherwise=True):
+                return False
+            if (cache._entries or cache._hosts) and cache.clock.now() < cache.window_end(addr):
+                return False
+            cache = cache.parent
+        return True
 
     def enabled_but_for_windows(self, addr):
         """is_enabled() as if this cache had opened no window: its availability callback and its

@@ -127,7 +127,8 @@ class Connection:
         self.client.sent += len(run.requests)
         if self.client.on_event:
             self.client._tell("sent", self, b"".join(run.requests))
-        self.loop.flush_soon(self)
+        if not self.flushing:
+            self.loop.flush_soon(self)
 
     def flush(self):
         """The turn's one send: what is queued, and the waiting runs there is room for."""

@@ -235,14 +235,20 @@ class Loop(Counted):
             timeout = clock.timeout_until(self._next_deadline())
             timeout = SELECT_MAX if timeout is None or timeout > SELECT_MAX else timeout
         for key, events in self.selector.select(timeout):
-            self._safely(key.data, events)
+            try:
+                key.data(events)
+            except Exception:   # a bug in a handler: logged, counted; the turn goes on
+                self._raised()
         while self._handed:
             function, args = self._handed.popleft()
             self._safely(function, *args)
         self._fire_timers(clock.now())
         writers, self._writers = self._writers, []
         for writer in writers:
-            self._safely(writer.flush)
+            try:
+                writer.flush()
+            except Exception:
+                self._raised()
         self.working = False
         self._end_turn()
 
@@ -263,9 +269,13 @@ class Loop(Counted):
         try:
             function(*args)
         except Exception:   # a bug in a handler: logged, counted; the turn and the loop go on
-            if not self.handler_errors:
-                LOG.exception("a handler on the loop raised; the turn went on")
-            self.handler_errors += 1
+            self._raised()
+
+    def _raised(self):
+        """In an except block: a handler raised; the first is logged, each is counted."""
+        if not self.handler_errors:
+            LOG.exception("a handler on the loop raised; the turn went on")
+        self.handler_errors += 1
 
     def _end_turn(self):
         """The turn's callbacks (those they queue too), then its completions, then its hooks."""

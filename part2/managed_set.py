@@ -129,6 +129,7 @@ class ManagedSet(Counted):
         self.framing = framing   # every client's: where a reply ends, which replies fit a request
         self.client_options = {**client_options, "rcache": self.rcache, "framing": framing}
         self.clients = [[] for _ in self.services]   # per service, in creation order
+        self.lone = None    # the one client of a set of one service of one connection, once made
         self.waiting = {}   # Attempts waiting to retry -> their Timer
         self._shut = False
         if self.own_loop:
@@ -149,8 +150,10 @@ class ManagedSet(Counted):
     def _pick(self, tried):
         if self._shut:
             raise ManagedError("set shut down")
-        is_enabled = self.rcache.is_enabled
-        enabled = [is_enabled(addr) for addr in self.addrs]   # every service, each time
+        enabled = list(map(self.rcache.is_enabled, self.addrs))   # every service, each time
+        if self.lone is not None and enabled[0]:   # one service of one connection: no choice
+            self.picks += 1
+            return self.lone, 0
         panic = self._panic_pick(tried) if self.own_cache and not any(enabled) else None
         order = (0,)   # one service: nothing to order
         if len(self.services) > 1:
@@ -175,13 +178,13 @@ class ManagedSet(Counted):
 
     def _client_in(self, index):
         clients = self.clients[index]
-        if len(clients) == self.services[index][1] == 1 and self.pending_calls_max is None:
-            return clients[0]   # a service of one connection, no limit: choose() would name it
         chosen = choose([client.pending_calls for client in clients], self.services[index][1],
                         self.pending_calls_norm, self.pending_calls_max)
         if chosen == len(clients):
             clients.append(ManagedClient(self.services[index][0], on_event=self.on_event,
                                          loop=self.loop, **self.client_options))
+            if len(self.services) == self.services[0][1] == 1 and self.pending_calls_max is None:
+                self.lone = clients[0]   # choose() would name it every time from now on
         return None if chosen is None else clients[chosen]
 
     # -- calls and their attempts --

@@ -91,7 +91,7 @@ class Pipeline:
                         raise OutOfStep("a reply no call was waiting for", "unexpected reply",
                                         reply)
                     run, first = owed[0], owed[0].answered
-                if fits and not fits(run.requests[run.answered], reply):
+                if fits and not fits(run.requests[run.answered], reply, framed=True):
                     raise OutOfStep("a reply that does not fit its request",
                                     "upstream out of step: a reply did not fit its request",
                                     reply, run)

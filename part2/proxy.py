@@ -139,12 +139,11 @@ class ProxyClient(ClientStream):
         self.loop.want(self, READ)
 
     def ready(self, events):
-        if events & READ:
-            self._read()
+        """What the turn found: a read, whose requests are placed at once; or room to write."""
         if events & WRITE:
             self.loop.flush_soon(self)
-
-    def _read(self):
+        if not events & READ:
+            return
         try:
             data = self.sock.recv(CLIENT_READ)
         except BlockingIOError:
@@ -154,8 +153,9 @@ class ProxyClient(ClientStream):
         if not data:
             self.eof = True
         else:
+            place, retried = self.proxy.managed_set.place, self.proxy.retried
             for entry in self.feed(data):
-                self.proxy.managed_set.place(entry.requests, entry, self.proxy.retried)
+                place(entry.requests, entry, retried)
         if self.out or self.eof or self.ended or self.owed >= OWED_MAX:   # else its replies will
             self.loop.flush_soon(self)   # the send phase writes, stops reading it, or closes it
 
@@ -188,7 +188,9 @@ class ProxyClient(ClientStream):
             return
         keeping_up = self.owed < OWED_MAX and len(self.out) < OUT_HIGH   # else: back-pressure
         self.reading = keeping_up and not (self.eof or self.ended)
-        self.loop.want(self, (READ if self.reading else 0) | (WRITE if self.out else 0))
+        events = (READ if self.reading else 0) | (WRITE if self.out else 0)
+        if events != self.watching:   # the common case, unchanged, costs not even a call
+            self.loop.want(self, events)
 
     def close(self):
         if not self.gone:

@@ -86,6 +86,8 @@ class Lending:
             if not session.holds:
                 self.close(session)   # a hold the pool's own answer ended (RESET)
             client.sendall(answer)
+            if session.quitting:   # QUIT: +OK, then the end; nothing after it is answered
+                shutdown(client)
         elif session.streams:
             self.stream(session, client, request, requests)
         else:
@@ -302,6 +304,7 @@ class Lending:
                     relay.stop()   # the stream has ended (RESET, QUIT): nothing may follow
                 relay.write(answer)
                 if session.quitting:
+                    shutdown(client)
                     return
         except (OSError, OutOfStep) as error:
             message = self.framing.error(f"upstream: {error}")

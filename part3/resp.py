@@ -80,7 +80,11 @@ LENGTH = re.compile(rb"-1|0|[1-9][0-9]{0,17}")   # a length or count: canonical,
 INTEGER = re.compile(rb"-?(0|[1-9][0-9]{0,18})")
 CR, LF = b"\r\n"   # as integers, what indexing a buffer gives
 BULK = re.compile(rb"\$(0|[1-9][0-9]{0,17})\r\n")   # a bulk string's line, the common case, read in one step
-ARRAY = re.compile(rb"\*([1-9][0-9]{0,17})\r\n")     # an array's line, when it holds something
+# The one-pass read of an array of bulk strings: its line and its first element's in one match,
+# then each next element's line with the \r\n that ends the element before it.
+ARRAY_HEAD = re.compile(rb"\*([1-9][0-9]{0,17})\r\n\$(0|[1-9][0-9]{0,17})\r\n")
+NEXT_BULK = re.compile(rb"\r\n\$(0|[1-9][0-9]{0,17})\r\n")
+STAR, DOLLAR = b"*$"   # as integers, what indexing a buffer gives
 SIMPLE = re.compile(rb"[+-][^\r\n]*\r\n|:-?(?:0|[1-9][0-9]{0,18})\r\n|[$*]-1\r\n")   # a whole one-line reply
 # RESP3's one-line types, and RESP2's integer: the type byte and what its line must be.
 SCALARS = {
@@ -94,6 +98,11 @@ SCALAR_NAMES = {b":": "integer", b"_": "null", b"#": "boolean", b",": "double", 
 # The length-prefixed types: elements per unit of the length (0: a string of that many bytes).
 # A map holds n pairs; an attribute n pairs too, then the reply it annotates (one message).
 LENGTHS = {b"$": 0, b"=": 0, b"!": 0, b"*": 1, b"~": 1, b">": 1, b"%": 2, b"|": 2}
+# A request array's first element (its name), when it holds no line end: as the key of what
+# its name alone says (Resp.forwards_plainly(), Resp.fits()), its length line with it.
+NAME = re.compile(rb"\*[1-9][0-9]{0,17}\r\n(\$[1-9][0-9]?\r\n[^\r\n]{1,99})\r\n")
+NAMES_KEPT = 4096   # names a Resp remembers what they say: a client chooses them, so a bound
+NOT_BY_NAME = (False, None)   # what Resp._named() says of a request whose name does not say
 # An inline command's word as redis-server's sdssplitargs() (src/sds.c) reads one, quotes
 # aside: blanks (isspace()) are skipped before a word, and a word ends at a space, a tab, a
 # line end or a NUL, so a \v or \f inside one is part of it.
@@ -140,7 +149,8 @@ class Parser:
     stack: an array of n adds n to the count of elements still to read, and the
     message has ended when that count reaches 0. request=True reads a request: an
     array of bulk strings, or an inline command. Raises ValueError for bytes no
-    message starts with.
+    message starts with. A message of the common shapes that has come whole is read in
+    one pass that keeps no place: the parser stays `fresh`, and can read the next one.
 
     A message longer than max_size is a ValueError too, unless overlong="drop": then the
     parser notes that it is `over` and reads on to the message's end, keeping its place but
@@ -169,16 +179,20 @@ class Parser:
         self.over = False        # the message has proved longer than max_size (overlong="drop")
         self.dropped = 0         # bytes of it deleted from the buffer's front
         self.head = None         # its first bytes, kept when the first of them are deleted
+        self.fresh = True        # nothing kept yet: each message read whole in one pass keeps it so
         self.passed = []         # overlong="pass": the bytes deleted, for Frames to hand on
 
-    def __call__(self, buffer):
-        return self.size(buffer)
-
     def size(self, buffer):
+        if self.fresh and buffer:
+            if (whole := self._at_once(buffer)) is not None:
+                return whole   # the common case, in one pass: the parser kept nothing, and is fresh
+            self.fresh = False   # from here on the parse keeps its place in this message
         end = self._parse(buffer)
         if end is None and self.over:
             self._let_go(buffer)
         return end
+
+    __call__ = size   # calling the parser is size(), with no call in between
 
     def message(self, kept):
         """The message size() found the end of, from the bytes of it still in the buffer."""
@@ -198,8 +212,6 @@ class Parser:
             self.inline = buffer[:1] != b"*"
         if self.inline:
             return self._inline(buffer)
-        if not (self.lines or self.searched or self.over) and (whole := self._at_once(buffer)):
-            return whole   # the common case, in one step
         while self.still_to_read or self.bulk_end is not None:
             if self.bulk_end is not None:
                 if len(buffer) < self.bulk_end + 2:
@@ -217,37 +229,34 @@ class Parser:
         return self.position
 
     def _at_once(self, buffer):
-        """A message of the common shapes that has arrived whole (a one-line reply, a bulk
-        string, an array of bulk strings: every request a client library sends), read in one
-        pass; None for anything else, which the step by step parse then reads, or rejects."""
-        first = buffer[:1]
-        if first == b"*" and (head := ARRAY.match(buffer)):
-            count, position = int(head[1]), head.end()
+        """The length of a message of the common shapes that has arrived whole (a one-line
+        reply, a bulk string, an array of bulk strings: every request a client library sends),
+        read in one pass that changes nothing in the parser; None for anything else, which the
+        step by step parse then reads, or rejects."""
+        first = buffer[0]
+        if first == STAR and (head := ARRAY_HEAD.match(buffer)):
+            count = int(head[1])
+            if count * 3 > len(buffer):   # not all here (an element takes 3 bytes at least)
+                return None
+            end = head.end() + int(head[2])   # where the first element's bytes end
+            match = NEXT_BULK.match
+            while count > 1:
+                bulk = match(buffer, end)
+                if bulk is None:
+                    return None
+                end = bulk.end() + int(bulk[1])
+                count -= 1
         elif self.request:
             return None
-        elif first == b"$" and buffer[1:2] != b"-":
-            count, position = 1, 0
+        elif first == DOLLAR and (bulk := BULK.match(buffer)):
+            end = bulk.end() + int(bulk[1])
         else:
             line = SIMPLE.match(buffer)
-            return self._whole(1, line.end()) if line else None
-        if count * 3 > len(buffer):   # not all here (an element takes 3 bytes at least)
-            return None
-        match = BULK.match
-        for _ in range(count):
-            bulk = match(buffer, position)
-            if bulk is None:
-                return None
-            end = bulk.end() + int(bulk[1])
-            if buffer[end:end + 2] != b"\r\n":
-                return None
-            position = end + 2
-        return self._whole(count + (first == b"*"), position)
-
-    def _whole(self, lines, size):
-        if size > self.max_size:
-            return None   # the step by step parse says why
-        self.lines, self.position, self.searched, self.still_to_read = lines, size, size, 0
-        return size
+            return line.end() if line and line.end() <= self.max_size else None
+        end += 2
+        if end > self.max_size or buffer[end - 2:end] != b"\r\n":
+            return None   # not all here, or wrong, or too long: the step by step parse says which
+        return end
 
     def _let_go(self, buffer):
         """Delete from the front of the buffer what the parse of an overlong message will not
@@ -433,6 +442,7 @@ class Resp:
         self.refused = self._names(refuse, commands.FORWARD, "refused")
         self.max_reply = max_reply
         self.max_request = max_request
+        self._by_name = {}   # NAME's key -> (forwarded whatever the arguments, the reply types)
         self.password = as_bytes(password)
         self.user = as_bytes(user) or b"default"
         self.upstream_password = as_bytes(upstream_password)
@@ -505,6 +515,38 @@ class Resp:
             return commands.NEVER, f"{shown(name)} {kind.effect}; a pool never passes it"
         return kind.action, f"{shown(name)} {kind.effect}; a pool cannot lend it"
 
+    def forwards_plainly(self, request):
+        """True when request is a command the table forwards whatever its arguments say
+        (GET, SET: no container, no argument that changes its kind), as its name alone
+        tells, remembered by name; False when the words must decide (RedisSession.admit()
+        asks this first, and splits the words only then)."""
+        return self._named(request)[0]
+
+    def _named(self, request):
+        """What a request's name alone says: (forwards_plainly, the reply types of its row),
+        (False, None) when the name does not say (inline, a container, a name unknown)."""
+        name = NAME.match(request)
+        if name is None:
+            return NOT_BY_NAME
+        key = name[1]
+        said = self._by_name.get(key)
+        if said is None:
+            said = self._learn(key)
+            if len(self._by_name) < NAMES_KEPT:
+                self._by_name[key] = said
+        return said
+
+    def _learn(self, key):
+        """What NAME's key (b"$3\\r\\nGET") says, from the table and the policy."""
+        length, name = key.split(b"\r\n")
+        command = name.upper()
+        row = commands.COMMANDS.get(command)
+        if int(length[1:]) != len(name) or row is None or command in commands.CONTAINERS:
+            return NOT_BY_NAME
+        plainly = command not in commands.BY_ARGUMENTS and \
+            self.verdict([name]) == (commands.FORWARD, None)
+        return plainly, row.replies
+
     def refusal(self, request):
         """Why this request may not reach a pooled connection (a message), or None. A blank
         one is not refused: the session answers it with nothing."""
@@ -546,22 +588,28 @@ class Resp:
         text = re.sub(r"[\r\n]", " ", message).encode("utf-8", "replace")
         return b"-%s %s\r\n" % (code.encode("ascii"), text)
 
-    def fits(self, request, reply):
+    def fits(self, request, reply, framed=False):
         """True if `reply` is one whole RESP reply of a type that can answer `request`
         (a whole request: an array, or an inline command with its line end), as the
         command table says; an error answers any command the table has. An Overlong reply
-        (read whole and dropped) is judged by its first byte."""
-        if isinstance(reply, Overlong):
+        (read whole and dropped) is judged by its first byte. framed=True: the reply is one
+        whole reply already (the framing's parser framed it), so only its type is checked."""
+        kind = reply[:1]
+        if kind == b"-" and isinstance(reply, Overlong):
             kind = reply.head[:1]
-        else:
+        elif not framed:
             try:
                 if reply_size(reply, self.max_reply) != len(reply):
                     return False
             except ValueError:
                 return False
-            kind = reply[:1]
-        row = commands.lookup(words(request) or [b""])
-        return row is not None and len(kind) == 1 and (kind == b"-" or kind in row.replies)
+        replies = self._named(request)[1]
+        if replies is None:
+            row = commands.lookup(words(request) or [b""])
+            if row is None:
+                return False
+            replies = row.replies
+        return len(kind) == 1 and (kind == b"-" or kind in replies)
 
     def __repr__(self):
         bounds = (self.max_reply, self.max_request)
@@ -664,6 +712,12 @@ NAME_BYTES = re.compile(rb"[!-~]*")   # a client name redis-server takes: no bla
 TRANSACTION_ENDS = {b"EXEC", b"DISCARD"}
 
 
+def command_of(request):
+    """A request's command, upper case: of a whole request, or of a long one's first bytes."""
+    items = leading_words(request) if isinstance(request, Head) else words(request)
+    return (items or [b""])[0].upper()
+
+
 def confirmation(message):
     """(kind, count) if the message confirms a subscription change, else None: its kind in
     lower case (b"unsubscribe"), and how many subscriptions of its family the client has."""
@@ -697,8 +751,9 @@ class RedisSession(Session):
       dedicated   a wait (BLPOP, XREAD BLOCK) on a connection of its own, for its timeout;
                   SUBSCRIBE's stream (and MONITOR's, where the policy allows it) until the
                   last unsubscribe, as the confirmations count them (pushed())
-    The pool drives it one request at a time (tcp_proxy.Session says how).
+    The pool drives it one request at a time (part3/lending.py says how).
     """
+    lease, wait, quitting = POOLED, None, False   # what admit() says of the request admitted
 
     def __init__(self, framing, pool=None):
         super().__init__(framing, pool)
@@ -730,6 +785,12 @@ class RedisSession(Session):
         return self.multi or self.watching
 
     def admit(self, request):
+        if not self.refused_transaction and self.authenticated and not self.streams and \
+                not self.quitting and self.framing.forwards_plainly(request):
+            self.lease, self.wait = HELD if self.multi or self.watching else POOLED, None
+            return None   # the common case: its name says so, and no words are split
+        if self.quitting:   # after QUIT, nothing is answered: the connection is ending
+            return b""
         if isinstance(request, Overlong):   # read whole and dropped: it is its own answer
             return bytes(request)
         if isinstance(request, Head):   # too long to keep: judged by the words whole in it
@@ -882,25 +943,24 @@ class RedisSession(Session):
         return f"{shown(command)} was answered {shown(reply[:60].strip())}"
 
     def fits(self, request, reply):
-        """The reply's fit: the framing's, and more: inside MULTI, +QUEUED or an error (EXEC
-        and DISCARD aside); a connection that speaks RESP2 sends none of RESP3's types; a long
-        reply passed on is judged by its first byte."""
-        first = reply.head[:1] if isinstance(reply, tcp_proxy.Passed) else reply[:1]
+        """The fit of a reply the pool's parser framed (or of a long one's first bytes): the
+        framing's, by its type, and more: inside MULTI, +QUEUED or an error (EXEC and DISCARD
+        aside); a connection that speaks RESP2 sends none of RESP3's types."""
+        if isinstance(reply, tcp_proxy.Passed):   # a long reply passed on: its first bytes
+            reply = reply.head
+        first = reply[:1]
         if self.protocol == 2 and first and first[0] in RESP3_ONLY:
             return False
-        if self.multi and (words(request) or [b""])[0].upper() not in TRANSACTION_ENDS:
+        if self.multi and command_of(request) not in TRANSACTION_ENDS:
             return reply == b"+QUEUED\r\n" or (bool(first) and first[0] in ERRORS)
-        if isinstance(reply, (Head, tcp_proxy.Passed)):
-            row = commands.lookup(leading_words(request) or words(request) or [b""])
-            return row is not None and len(first) == 1 and first[0] in row.replies + b"-"
-        return self.framing.fits(request, reply)
+        return self.framing.fits(request, reply, framed=True)
 
     def replied(self, request, reply):
         """What a reply on the held connection says: a transaction begun or ended, keys
         watched or not."""
         if self.lease != HELD:
             return
-        command = (words(request) or [b""])[0].upper()
+        command = command_of(request)
         failed = reply[:1] in (b"-", b"!")
         if command == b"MULTI" and not failed:
             self.multi = True
@@ -1033,6 +1093,8 @@ class RedisSession(Session):
         return b"+OK\r\n"
 
     def quit(self, items):
+        """+OK, then the end: the pool closes the connection after it (the lender sees
+        `quitting`), and answers nothing the client sent after it."""
         self.quitting = True
         self.multi = self.watching = self.streams = False   # what it held is let go, never lent
         return b"+OK\r\n"

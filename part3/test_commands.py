@@ -6,6 +6,7 @@ name), the blocking forms hidden in arguments, and the inline commands redis-ser
 read otherwise. What each refusal prevents is what the test shows: no reply shifted onto
 another client, no connection held, nothing of the server changed.
 """
+import os
 import random
 import re
 import socket
@@ -13,6 +14,7 @@ import time
 import types
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from conftest import need_redis
 from part2.managed import ManagedProxy
@@ -22,6 +24,7 @@ from scaffolding import redis_server
 from tcp_proxy import FramedProxy
 
 TIMEOUT = 3.0   # seconds a client of these tests waits for a reply before the test fails
+EXAMPLES = int(os.environ.get("SOAK", "40"))   # `make soak` raises it; the suite stays fast
 
 NEVER = "makes the connection a replica's link; a pool never passes it"
 SERVER_WIDE = ("acts on the whole server: all its keys, its settings, its life or its other "
@@ -275,6 +278,61 @@ def test_a_reply_read_whole_and_dropped_fits_by_its_first_byte():
     dropped = Overlong(2_000_000, RESP.max_reply, head_of_a_long_array, request=False)
     assert RESP.fits(array("LRANGE", "l", 0, -1), dropped)
     assert not RESP.fits(array("GET", "k"), dropped)
+
+
+def test_a_reply_the_framing_framed_fits_by_its_type_alone_as_a_whole_one_does():
+    assert RESP.fits(array("GET", "k"), b"$1\r\nv\r\n", framed=True)
+    assert not RESP.fits(array("GET", "k"), b"+OK\r\n", framed=True)
+    assert RESP.fits(array("INCR", "n"), b"-ERR no\r\n", framed=True)
+    assert not RESP.fits(array("CLIENT", "ID"), b"*0\r\n", framed=True)
+    assert not RESP.fits(array("REPLCONFX", "ACK", "0"), b"-ERR x\r\n", framed=True)
+    dropped = Overlong(2_000_000, RESP.max_reply, b"*100000\r\n$4\r\nvvvv\r\n", request=False)
+    assert RESP.fits(array("LRANGE", "l", 0, -1), dropped, framed=True)
+    assert not RESP.fits(array("GET", "k"), dropped, framed=True)
+
+
+REPLIES = [b"+OK\r\n", b"-ERR x\r\n", b":1\r\n", b"$1\r\nv\r\n", b"$-1\r\n", b"*1\r\n$1\r\nv\r\n",
+           b"*-1\r\n", b"", b"$1\r\n", b"+OK\r\n+OK\r\n"]
+NAMES = sorted({row.name.split(b" ")[0] for row in commands.COMMANDS.values()}) + [
+    b"NOPE", b"GET\x00", b"G\r\nET", b"CLUSTER", b""]
+
+
+def cased(name, seed):
+    chooser = random.Random(seed)
+    return bytes(chooser.choice((byte, ord(chr(byte).lower()))) if byte < 128 else byte
+                 for byte in name)
+
+
+@settings(max_examples=EXAMPLES * 5, deadline=None)
+@given(name=st.sampled_from(NAMES), seed=st.integers(0, 99),
+       arguments=st.lists(st.one_of(st.sampled_from([b"BLOCK", b"0", b"STREAMS", b"ID", b"LIST"]),
+                                    st.binary(max_size=8)), max_size=4),
+       policy=st.sampled_from([RESP, Resp(allow={"FLUSHDB"}, refuse={"GET"})]))
+def test_what_a_requests_name_alone_says_is_what_its_words_say(name, seed, arguments, policy):
+    """forwards_plainly() and fits() read the name and remember it; the words say the same."""
+    request = array(cased(name, seed), *arguments)
+    items = words(request)
+    if policy.forwards_plainly(request):
+        assert policy.verdict(items) == (commands.FORWARD, None)
+        assert policy.session().admit(request) is None
+    for reply in REPLIES:
+        row = commands.lookup(items or [b""])
+        whole = reply != b"" and RESP.reply_size(reply) == len(reply)
+        expected = row is not None and whole and (reply[:1] == b"-" or reply[:1] in row.replies)
+        assert policy.fits(request, reply) == expected
+        if whole:
+            assert policy.fits(request, reply, framed=True) == expected
+
+
+def test_forwards_plainly_only_a_forwarded_command_whose_arguments_cannot_change_that():
+    for request in (array("GET", "k"), array("get", "k"), array("SET", "k", "v"), array("PING")):
+        assert RESP.forwards_plainly(request), request
+    for request in (array("CLIENT", "ID"), array("XREAD", "STREAMS", "s", "0"), array("MULTI"),
+                    array("FLUSHDB"), array("NOPE"), array(b"GET\x00", "a"), b"GET k\r\n",
+                    array(b"GE\r\nT", "a"), b"*2\r\n$2\r\nGET\r\n$1\r\nk\r\n"):
+        assert not RESP.forwards_plainly(request), request
+    assert Resp(allow={"FLUSHDB"}).forwards_plainly(array("FLUSHDB"))
+    assert not Resp(refuse={"GET"}).forwards_plainly(array("GET", "k"))
 
 
 # --- replication and the debugger: never passed (the critical findings) ---------------------

@@ -104,6 +104,38 @@ def test_a_parser_that_keeps_its_place_frames_any_replies_cut_anywhere_as_sent(s
     assert framed == sent and left == b""
 
 
+def frame_stream_while_fresh(chunks, new_parser):
+    """One parser for as long as it is fresh (it read each message in one pass), a new one
+    only after a message it read step by step. Returns the messages and the parsers made."""
+    framed, buffer, parser, made = [], bytearray(), new_parser(), 1
+    for chunk in chunks:
+        buffer += chunk
+        while (end := parser(buffer)) is not None:
+            framed.append(parser.message(buffer[:end]))
+            del buffer[:end]
+            if not parser.fresh:
+                parser, made = new_parser(), made + 1
+    return framed, made
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(sent=st.lists(replies, min_size=1, max_size=5),
+       points=st.lists(st.integers(0, 10**6), max_size=12))
+def test_a_parser_that_read_a_message_in_one_pass_kept_nothing_and_reads_the_next(sent, points):
+    framed, _ = frame_stream_while_fresh(cut(b"".join(sent), points), RESP.reply_parser)
+    assert framed == sent
+
+
+def test_a_parser_is_fresh_after_a_whole_common_reply_and_request_and_not_after_pieces():
+    get, put = b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n", b"*3\r\n$3\r\nSET\r\n$1\r\na\r\n$2\r\n\r\n\r\n"
+    assert frame_stream_while_fresh([get + put], RESP.request_parser) == ([get, put], 1)
+    assert frame_stream_while_fresh([b"$5\r\nhello\r\n+OK\r\n:1\r\n*1\r\n$0\r\n\r\n"],
+                                    RESP.reply_parser)[1] == 1
+    assert frame_stream_while_fresh([b"$5\r\nhel", b"lo\r\n+OK\r\n"], RESP.reply_parser) == (
+        [b"$5\r\nhello\r\n", b"+OK\r\n"], 2)
+    assert frame_stream_while_fresh([b"*1\r\n:1\r\n+OK\r\n"], RESP.reply_parser)[1] == 2
+
+
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(sent=st.lists(resp3_replies, min_size=1, max_size=5), points=st.lists(st.integers(0, 10**6),
                                                                             max_size=12))
@@ -140,6 +172,21 @@ def frame_dropping(chunks, new_parser):
         held = max(held, len(frames.unread))
     assert frames.rest() == b""
     return taken, held
+
+
+def test_frames_keeps_a_fresh_parser_and_makes_one_only_after_a_message_read_in_pieces():
+    made = []
+
+    def new_parser():
+        made.append(RESP.reply_parser())
+        return made[-1]
+    frames = Frames(new_parser)
+    frames.feed(b"$1\r\na\r\n+OK\r\n$5\r\nhel")
+    assert [frames.take(), frames.take(), frames.take()] == [b"$1\r\na\r\n", b"+OK\r\n", None]
+    assert len(made) == 1
+    frames.feed(b"lo\r\n:1\r\n")
+    assert [frames.take(), frames.take(), frames.take()] == [b"$5\r\nhello\r\n", b":1\r\n", None]
+    assert (len(made), frames.rest()) == (2, b"")
 
 
 def dropping(**options):
