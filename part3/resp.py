@@ -820,6 +820,11 @@ class RedisSession(Session):
             return self.in_stream(name, action, reason, items)
         if action == commands.FORWARD:
             return None
+        if self.doomed and name == b"EXEC":   # as redis-server ends a transaction it refused
+            self.multi = self.watching = False   # a part of: its connection is closed, not lent
+            self.doomed = None
+            return self.framing.error("Transaction discarded because of previous errors.",
+                                      code="EXECABORT")
         if (answer := ANSWERS.get(name)):
             if self.multi and name not in (b"QUIT", b"RESET"):
                 return self.doom(f"{shown(name)} is the pool's to answer, and a transaction "
@@ -984,7 +989,7 @@ class RedisSession(Session):
             return False
         if (confirmed := confirmation(message)):
             kind, count = confirmed
-            self.subscribed[b"s" if kind.startswith(b"s") else b""] = count
+            self.subscribed[b"s" if kind in (b"ssubscribe", b"sunsubscribe") else b""] = count
         return True
 
     # --- the pool's own answers (ANSWERS), as redis-server gives each
