@@ -561,7 +561,8 @@ class Resp:
         dedicates; without one (ManagedProxy, for now), it refuses what would need it."""
         return RedisSession(self, pool)
 
-    fresh_state = (2, 0)   # what a connection the pool opens carries, once its AUTH is said
+    fresh_state = (2, 0, False)   # what a connection the pool opens carries, its AUTH said:
+    # (its protocol, its database, whether CLIENT NO-EVICT is on)
 
     def opening(self):
         """What the pool says on a connection it has just opened, before anything else: its
@@ -766,6 +767,7 @@ class RedisSession(Session):
     def reset(self):
         """The session as a new client's, and as RESET leaves one."""
         self.protocol, self.db = 2, 0
+        self.no_evict = False   # CLIENT NO-EVICT, replayed as SELECT is
         self.name = None
         self.library = {}       # CLIENT SETINFO's attributes
         self.authenticated = self.framing.password is None
@@ -778,7 +780,7 @@ class RedisSession(Session):
 
     @property
     def state(self):
-        return (self.protocol, self.db)
+        return (self.protocol, self.db, self.no_evict)
 
     @property
     def holds(self):
@@ -806,11 +808,13 @@ class RedisSession(Session):
         if self.refused_transaction:
             return self.inside_refused_transaction(items)
         if self.pool is None:
+            if not self.authenticated:   # a pool password: checked here, with no connection
+                return self.auth(items) if items[0].upper() == b"AUTH" else NOAUTH
             return self.without_state(items)
         self.lease, self.wait, self.settles = (HELD if self.holds else POOLED), None, False
         name = commands.name_of(items)
         if not self.authenticated and name not in BEFORE_AUTH:
-            return self.framing.error("Authentication required.", code="NOAUTH")
+            return NOAUTH
         action, reason = self.framing.verdict(items)
         if isinstance(request, Head) and (action != commands.FORWARD or self.streams or
                                           name.split(b" ")[0] in commands.BY_ARGUMENTS):
@@ -927,14 +931,16 @@ class RedisSession(Session):
         self.lender.close(self)
 
     def sync(self, state):
-        """HELLO and SELECT, for what a connection carries that this client's does not; on a
-        connection just opened (state None), the pool's own AUTH first."""
+        """HELLO, SELECT and CLIENT NO-EVICT, for what a connection carries that this
+        client's does not; on a connection just opened (state None), the pool's AUTH first."""
         requests = self.framing.opening() if state is None else []
-        protocol, db = state or self.framing.fresh_state
+        protocol, db, no_evict = state or self.framing.fresh_state
         if protocol != self.protocol:
             requests.append(array(b"HELLO", b"%d" % self.protocol))
         if db != self.db:
             requests.append(array(b"SELECT", b"%d" % self.db))
+        if no_evict != self.no_evict:
+            requests.append(array(b"CLIENT", b"NO-EVICT", b"on" if self.no_evict else b"off"))
         return requests
 
     def synced(self, request, reply):
@@ -1097,6 +1103,23 @@ class RedisSession(Session):
         self.library[attribute] = items[3]
         return b"+OK\r\n"
 
+    def no_evict_command(self, items):
+        """CLIENT NO-EVICT on|off: kept, and replayed on every connection the client's
+        requests go on (sync()), as SELECT is."""
+        if len(items) != 3:
+            return self.framing.error("wrong number of arguments for 'client|no-evict' command")
+        if items[2].lower() not in (b"on", b"off"):
+            return self.framing.error("syntax error")
+        self.no_evict = items[2].lower() == b"on"
+        return b"+OK\r\n"
+
+    def reply_command(self, items):
+        """CLIENT REPLY ON changes nothing (a connection the pool lends always replies); OFF
+        and SKIP would silence it, so that no reply ends a loan: never."""
+        if len(items) == 3 and items[2].lower() == b"on":
+            return b"+OK\r\n"
+        return self.refuse(self.framing.verdict(items)[1])
+
     def quit(self, items):
         """+OK, then the end: the pool closes the connection after it (the lender sees
         `quitting`), and answers nothing the client sent after it."""
@@ -1119,11 +1142,13 @@ class RedisSession(Session):
 
 
 WRONGPASS = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+NOAUTH = b"-NOAUTH Authentication required.\r\n"
 NAME_REFUSED = b"-ERR Client names cannot contain spaces, newlines or special characters.\r\n"
 ANSWERS = {   # the commands the pool answers itself, from what the session keeps
     b"HELLO": RedisSession.hello, b"AUTH": RedisSession.auth, b"SELECT": RedisSession.select,
     b"CLIENT SETNAME": RedisSession.client, b"CLIENT GETNAME": RedisSession.client,
     b"CLIENT ID": RedisSession.client, b"CLIENT SETINFO": RedisSession.client,
+    b"CLIENT NO-EVICT": RedisSession.no_evict_command, b"CLIENT REPLY": RedisSession.reply_command,
     b"QUIT": RedisSession.quit, b"RESET": RedisSession.reset_command,
     b"UNSUBSCRIBE": RedisSession.unsubscribe, b"PUNSUBSCRIBE": RedisSession.unsubscribe,
     b"SUNSUBSCRIBE": RedisSession.unsubscribe,

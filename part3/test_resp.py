@@ -12,8 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import ROOT, need_redis
 from scaffolding import kit, redis_server
-from part3.resp import RESP, Overlong, Parser, reply_size
-from tcp_proxy import FramedProxy, Frames, Server, read_lines
+from part3.resp import MAX_BULK, RESP, Overlong, Parser, Passed, reply_size
+from tcp_proxy import FramedProxy, Frames, Head, Piece, Server, read_lines
 
 EXAMPLES = int(os.environ.get("SOAK", "40"))   # `make soak` raises it; the suite stays fast
 
@@ -244,6 +244,61 @@ def test_a_dropping_parser_reads_a_long_reply_in_pieces_once_and_keeps_its_bound
     [dropped], held = frame_dropping(pieces, new_parser)
     assert (dropped.size, parsers[0].lines) == (len(reply), 50_001)   # each line parsed once
     assert held <= (1 << 16) + 4096
+
+
+# --- a message too long to keep, passed on in pieces as it arrives -------------------------------
+
+def frame_passing(chunks, new_parser):
+    """What FramedProxy does with RESP: Frames over a passing parser. Returns each message as
+    it was handed on (a whole one, or the pieces of a long one joined, with its Passed end) and
+    the most bytes Frames held unread at once."""
+    frames, messages, pieces, held = Frames(new_parser), [], None, 0
+    for chunk in chunks:
+        frames.feed(chunk)
+        while (taken := frames.take()) is not None:
+            if isinstance(taken, Head):
+                assert pieces is None   # a Head starts a long message, and only one
+                pieces = [taken]
+            elif isinstance(taken, Piece):
+                pieces.append(taken)
+            elif isinstance(taken, Passed):
+                messages.append((b"".join(pieces), taken))
+                pieces = None
+            else:
+                assert pieces is None   # nothing whole inside a long message's pieces
+                messages.append((taken, None))
+        held = max(held, len(frames.unread))
+    assert frames.rest() == b"" and pieces is None
+    return messages, held
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(sent=st.lists(resp3_replies, min_size=1, max_size=5), points=cuts)
+def test_a_passing_parser_hands_long_replies_on_in_pieces_that_join_back_to_them_within_its_bound(
+        sent, points):
+    chunks = cut(b"".join(sent), points)
+    messages, held = frame_passing(chunks, lambda: Parser(KEEP, overlong="pass"))
+    assert [message for message, _ in messages] == sent
+    for (message, end), reply in zip(messages, sent):
+        if end is not None:   # passed on: what is known of it, as an Overlong knows it
+            assert (end, end.size, end.limit) == (b"", len(reply), KEEP)
+            assert reply.startswith(end.head) and 0 < len(end.head) <= Overlong.HEAD
+    assert held <= KEEP + max(map(len, chunks)) + 2   # what it keeps, one read, a line's end
+
+
+def test_a_passing_parser_passes_a_value_of_redis_own_limit_and_refuses_a_byte_more_in_a_request():
+    """512 MB: redis-server's proto-max-bulk-len. Its first bytes are a Head at once; the
+    parser keeps none of it (what passes is counted, not held)."""
+    header = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % MAX_BULK
+    frames = Frames(lambda: RESP.request_parser(passing=True))
+    frames.feed(header + b"v" * 4096)
+    head = frames.take()
+    assert isinstance(head, Head) and head == header + b"v" * 4096 and frames.unread == b""
+    reply = Frames(lambda: RESP.reply_parser(passing=True))
+    reply.feed(b"$%d\r\nvvvv" % MAX_BULK)
+    assert isinstance(reply.take(), Head)
+    with pytest.raises(ValueError, match="longer than redis-server takes in a request"):
+        Frames(lambda: RESP.request_parser(passing=True), b"*1\r\n$%d\r\n" % (MAX_BULK + 1)).take()
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3000])

@@ -185,6 +185,19 @@ def test_a_checkout_brings_the_one_connection_to_each_clients_protocol_and_datab
     assert re.search(r"cmdstat_select:calls=(\d+)", stats)[1] == "4"   # to 2 and back, twice
 
 
+def test_client_no_evict_is_replayed_as_select_is_and_client_reply_on_changes_nothing(
+        redis, control, clients):
+    with FramedProxy(redis.addr, framing=RESP, pool_cap=1) as proxy:
+        protected, other = clients(proxy.addr, 2)
+        assert protected.ask("CLIENT NO-EVICT on", "CLIENT REPLY ON") == [b"+OK\r\n"] * 2
+        for _ in range(2):   # the one connection, brought to each client's flags in turn
+            assert re.search(rb" flags=N*e", protected.ask("CLIENT INFO")[0])
+            assert not re.search(rb" flags=N*e", other.ask("CLIENT INFO")[0])
+        assert protected.ask("CLIENT REPLY OFF")[0].startswith(
+            b"-ERR tcp-proxy: CLIENT REPLY switches the connection's replies off")
+        assert proxy.opened == 1
+
+
 def test_two_clients_in_different_databases_overlapping_transactions_and_a_subscriber_see_their_own(
         redis, control, clients):
     with FramedProxy(redis.addr, framing=RESP, pool_cap=2) as proxy:
@@ -399,6 +412,19 @@ def test_a_pool_with_a_password_answers_noauth_until_its_clients_auth_and_auth_i
         assert other.ask("RESET", "GET k") == [b"+RESET\r\n",
                                                b"-NOAUTH Authentication required.\r\n"]
     assert b"cmdstat_auth" not in control.command("INFO commandstats")   # none reached it
+
+
+def test_a_pool_that_keeps_no_state_still_asks_its_password_before_it_forwards_anything(
+        redis, control, clients):
+    """ManagedProxy's sessions keep no state, but a password is no connection's: checked
+    by the session, and nothing is forwarded before it."""
+    with ManagedProxy([(redis.addr, 1)], framing=Resp(password="s3cret")) as proxy:
+        client = clients(proxy.addr)
+        assert client.ask("SET k v", "AUTH wrong", "AUTH s3cret", "SET k v") == [
+            b"-NOAUTH Authentication required.\r\n",
+            b"-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+            b"+OK\r\n", b"+OK\r\n"]
+    assert control.command("DBSIZE") == b":1\r\n"
 
 
 @pytest.fixture
