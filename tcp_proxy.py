@@ -467,22 +467,24 @@ class Frames:
     """The one framing loop of the house: bytes in as they arrive, whole messages out.
 
     feed(data) adds what a read gave; take() returns the next whole message, or None
-    while it has not ended; rest() is what was read past the messages taken. The
+    while it has not ended; take_all() every whole message now in, and the error that
+    stopped it, if one did; rest() is what was read past the messages taken. The
     parser (new_parser() makes one: a size(buffer) that keeps its place) reads each
     byte once, however the reads cut the message. No socket: Part one's threads feed
     it from recv(), Part two's event loop from its turn. A parser with a message()
     makes the message from the bytes kept of it: resp.Parser(overlong="drop") reads one
     too long to keep to its end, deleting from the buffer what it will not read again,
-    and gives the error that answers it, so the bytes kept stay bounded. A parser still
-    `fresh` after a message (it read it in one pass, keeping nothing) reads the next one
-    too: a new parser is made only after a message read step by step. One made to pass a
-    long message on (overlong="pass") keeps what it lets go of in `passed`: take() gives
-    it piece by piece, a Head, a Piece for each read of it, then a Passed at its end.
+    and gives the error that answers it, so the bytes kept stay bounded. A parser that
+    is `fresh` (it reads a message whole in one pass, keeping nothing) has ends(buffer),
+    which reads ahead: take_all() cuts every message it found whole with one copy, and
+    keeps the parser for the next read; a new one is made after a message take() read.
+    One made to pass a long message on (overlong="pass") keeps what it lets go of in
+    `passed`: take() gives it piece by piece, a Head, a Piece for each read of it, then a
+    Passed at its end (take_all() is for parsers that keep or drop, not pass).
     """
 
     def __init__(self, new_parser, data=b""):
-        self._new_parser = new_parser
-        self._parser = new_parser()
+        self._new_parser, self._parser = new_parser, new_parser()
         self.unread = bytearray(data)   # read, not yet part of a message taken
         self.pieces = collections.deque()   # a long message's pieces, not yet taken
 
@@ -494,23 +496,34 @@ class Frames:
         parser's) for bytes no message is."""
         if self.pieces:
             return self.pieces.popleft()
-        unread, parser = self.unread, self._parser
-        if not unread:   # nothing to parse: no parser has anything to say of no bytes
-            return None
-        size = parser(unread)
-        message = None
-        if size is not None:
-            if getattr(parser, "fresh", False):   # read in one pass: nothing kept, nothing dropped
-                message = bytes(unread[:size])
-            else:
-                message = getattr(parser, "message", bytes)(unread[:size])
-                self._parser = self._new_parser()
+        unread, parser, message = self.unread, self._parser, None
+        if unread and (size := parser(unread)) is not None:   # a parser says nothing of b""
+            message = getattr(parser, "message", bytes)(unread[:size])
             del unread[:size]   # from the front of a bytearray: no copy of the rest
+            self._parser = self._new_parser()
         if passed := getattr(parser, "passed", None):   # a long message's pieces, its end last
             self.pieces.extend(passed)
             passed.clear()
             return self.pieces.popleft()
         return message
+
+    def take_all(self):
+        """(every whole message now in, in order; the ValueError the parser raised at the
+        first bytes no message is, or None). Those bytes stay unread."""
+        unread, parser, messages = self.unread, self._parser, []
+        if getattr(parser, "fresh", False) and (ends := parser.ends(unread)):
+            last, start = ends[-1], 0
+            taken = bytes(unread if last == len(unread) else unread[:last])   # one copy for them all
+            del unread[:last]
+            for end in ends:
+                messages.append(taken[start:end])
+                start = end
+        try:
+            while unread and (message := self.take()) is not None:   # the rest, step by step
+                messages.append(message)
+        except ValueError as error:
+            return messages, error
+        return messages, None
 
     def rest(self):
         return bytes(self.unread)
@@ -558,8 +571,7 @@ class Session:
     (part3/lending.py). close() runs when the client has gone."""
 
     def __init__(self, framing, pool=None):
-        self.framing = framing
-        self.pool = pool
+        self.framing, self.pool = framing, pool
 
     def admit(self, request):
         refusal = self.framing.refusal(request)

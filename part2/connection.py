@@ -73,6 +73,7 @@ class Connection:
         self.replied_now = False   # a reply came in the read being handled
         self.timer = None
         self.flushing = False    # listed for this turn's send phase
+        self.inbox = None        # once connected: what each recv_into() fills (see _read())
         self.watching = 0        # the events the loop watches its socket for (Loop.want())
 
     # -- connecting --
@@ -93,6 +94,7 @@ class Connection:
             self._connect_failed(os.strerror(failed))
             return
         self.connected = True
+        self.inbox = memoryview(bytearray(READ_SIZE))
         self.client.count("connects")
         self.loop.want(self, READ)
         if self.client.initial_ping:   # nothing else is written before it is answered
@@ -146,8 +148,10 @@ class Connection:
             reason = reason_of(error)
             self.end(f"send failed: {reason}", MessageLost(f"send failed: {reason}"))
             return
-        self.client.written += sum(len(run.requests) for run in pipeline.wrote(sent))
-        self.loop.want(self, READ | WRITE if pipeline.out else READ)
+        for run in pipeline.wrote(sent):
+            self.client.written += len(run.requests)
+        if (events := READ | WRITE if pipeline.out else READ) != self.watching:
+            self.loop.want(self, events)
 
     def ready(self, events):
         if not self.connected:
@@ -160,18 +164,21 @@ class Connection:
     # -- bytes in, replies out --
 
     def _read(self):
+        """One recv_into() the connection's own buffer: a recv() of READ_SIZE would make (and
+        the allocator map and unmap) a new buffer that large for every read."""
+        inbox = self.inbox
         try:
-            data = self.sock.recv(READ_SIZE)
+            count = self.sock.recv_into(inbox)
         except BlockingIOError:
             return
         except OSError:   # a reset reads as an EOF
-            data = b""
-        if not data:
+            count = 0
+        if not count:
             self._stream_ended("upstream closed the connection")
             return
         self.replied_now, out_of_step = False, None
         try:
-            self.pipeline.feed(data)
+            self.pipeline.feed(inbox[:count])   # the pipeline's Frames copies what it keeps
         except OutOfStep as error:
             out_of_step = error
         if self.replied_now:   # a reply is the proof of health, not a connect; once per read
@@ -343,6 +350,7 @@ class Connection:
             client._move("down", reason)
         if self.sock is not None:
             self.loop.forget(self.sock)
+        self.inbox = None   # its buffer goes with it, whoever still holds the connection
         self.pending -= self.pipeline.lose(failure or lost or MessageLost(reason))
         waiting, self.waiting = self.waiting, collections.deque()
         for run in waiting:

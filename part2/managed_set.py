@@ -150,10 +150,13 @@ class ManagedSet(Counted):
     def _pick(self, tried):
         if self._shut:
             raise ManagedError("set shut down")
-        enabled = list(map(self.rcache.is_enabled, self.addrs))   # every service, each time
-        if self.lone is not None and enabled[0]:   # one service of one connection: no choice
+        if self.lone is None:
+            enabled = list(map(self.rcache.is_enabled, self.addrs))   # every service, each time
+        elif self.rcache.is_enabled(self.addrs[0]):   # one service of one connection: no choice
             self.picks += 1
             return self.lone, 0
+        else:
+            enabled = [False]
         panic = self._panic_pick(tried) if self.own_cache and not any(enabled) else None
         order = (0,)   # one service: nothing to order
         if len(self.services) > 1:

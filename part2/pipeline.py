@@ -6,6 +6,8 @@
                   handed to that request's run, oldest first; lose() turns every reply
                   still owed into an error, in order
     OutOfStep     what feed() raises when the upstream says what no request asked for
+    Entry         a place in a proxy client's order: the sink of one run, which writes
+                  its replies into the client's bytes once the places before it are
     ClientStream  one proxy client: its bytes in, whole requests out (framed by
                   tcp_proxy.Frames, admitted by the framing's session), grouped as runs;
                   the replies to them out as bytes, in the client's own order
@@ -53,9 +55,9 @@ class Pipeline:
 
     def queue(self, run):
         """A run's requests go out after every request queued before them."""
-        for request in run.requests:
-            self.out += request
-            self.queued += len(request)
+        requests = b"".join(run.requests)
+        self.out += requests
+        self.queued += len(requests)
         self.owed.append(run)
         self.unwritten.append((self.queued, run))
 
@@ -76,16 +78,12 @@ class Pipeline:
         frames, owed = self.frames, self.owed
         fits = self.framing.fits if self.check_fit else None
         frames.feed(data)
+        taken, error = frames.take_all()
         run, replies, first = None, [], 0
         try:
-            while not self.lost:
-                try:
-                    reply = frames.take()
-                except ValueError as error:   # bytes no reply starts with
-                    why = f"upstream out of step: a reply {self.framing!r} cannot frame ({error})"
-                    raise OutOfStep(why) from None
-                if reply is None:
-                    break
+            for reply in taken:
+                if self.lost:
+                    return
                 if run is None:
                     if not owed:
                         raise OutOfStep("a reply no call was waiting for", "unexpected reply",
@@ -98,13 +96,18 @@ class Pipeline:
                 run.answered += 1   # the load-bearing line: a reply settles the oldest request owed
                 replies.append(reply)
                 self.answered = True
-                if run.answered == len(run.requests):
+                if run.answered == len(run.requests):   # the run is over: its sink is told now
                     owed.popleft()
-                    self._settle(run, replies, first)
+                    if not run.abandoned:
+                        run.sink.replied(run, replies)
+                    self.settled(run, replies, first)
                     run, replies = None, []
         finally:
             if replies:   # the run's share so far, told before whatever ends the read
                 self._settle(run, replies, first)
+        if error is not None and not self.lost:   # bytes no reply starts with
+            why = f"upstream out of step: a reply {self.framing!r} cannot frame ({error})"
+            raise OutOfStep(why)
         if len(frames.unread) > self.framing.max_reply and not self.lost:
             raise OutOfStep(f"upstream out of step: a reply longer than "
                             f"{self.framing.max_reply} bytes")
@@ -131,8 +134,10 @@ class Pipeline:
 
 
 class Entry:
-    """One place in a proxy client's order: a run of its requests, or the bytes the
-    pool answered itself. The sink of that run: replies come to it in order."""
+    """One place in a proxy client's order, taken as it is made: a run of its requests, or
+    the bytes the pool answered itself. The sink of that run: a reply to the oldest entry
+    waiting goes to the stream's bytes at once; one to a later entry is parked until the
+    entries before it are written."""
     __slots__ = ("stream", "requests", "left", "parked")
 
     def __init__(self, stream, requests, answer=None):
@@ -140,12 +145,38 @@ class Entry:
         self.requests = requests       # what goes upstream ([] for an answer of the pool's)
         self.left = len(requests)      # requests still owed a reply or an error
         self.parked = [] if answer is None else [answer]   # what waits for the entries before
+        stream.owed += self.left
+        stream.waiting.append(self)
 
     def replied(self, run, replies):
-        self.stream.replied(self, replies)
+        stream, count = self.stream, len(replies)
+        self.left -= count
+        stream.owed -= count
+        stream.counts.answered += count
+        if self is not stream.waiting[0]:
+            self.parked += replies   # written once the entries before it are
+            return
+        out = stream.out
+        for reply in replies:
+            out += reply
+        stream.writable()
+        if not self.left:
+            stream.waiting.popleft()
+            if stream.waiting:
+                stream.advance()
 
     def failed(self, run, error):
-        self.stream.failed(self, error)
+        stream = self.stream
+        message = stream.framing.error(f"{type(error).__name__}: {error}")
+        stream.counts.failed += self.left
+        stream.owed -= self.left
+        if self is stream.waiting[0]:
+            stream.out += message * self.left
+            stream.writable()
+        else:
+            self.parked += [message] * self.left
+        self.left = 0
+        stream.advance()
 
 
 class ClientStream:
@@ -173,70 +204,32 @@ class ClientStream:
             return []
         frames, admit = self.frames, self.session.admit
         frames.feed(data)
+        taken, error = frames.take_all()
         entries, requests = [], []
-        while True:
-            try:
-                request = frames.take()
-            except ValueError as error:   # the framing's: nothing after it can be framed
-                self.ended = True
-                self._answer(entries, requests, self.framing.error(str(error)))
-                return entries
-            if request is None:
-                break
+        for request in taken:
             answer = admit(request)
             if answer is None:
                 requests.append(request)
             else:
                 requests = self._answer(entries, requests, answer)
+        if error is not None:   # the framing's: nothing after it can be framed
+            self.ended = True
+            self._answer(entries, requests, self.framing.error(str(error)))
+            return entries
         if requests:
-            entries.append(self._enter(requests))
+            entries.append(Entry(self, requests))   # owed replies: nothing to write yet
         return entries
 
     def _answer(self, entries, requests, answer):
         """The pool's own answer, after the requests before it; return a fresh run."""
         if requests:
-            entries.append(self._enter(requests))
-        self._place(Entry(self, [], answer))
+            entries.append(Entry(self, requests))
+        Entry(self, [], answer)
+        if len(self.waiting) == 1:   # with none before it: written at once
+            self.advance()
         return []
 
-    def _enter(self, requests):
-        entry = Entry(self, requests)
-        self.owed += len(requests)
-        self.waiting.append(entry)   # owed replies: nothing to write yet
-        return entry
-
-    def _place(self, entry):
-        self.waiting.append(entry)
-        if entry.parked and len(self.waiting) == 1:   # the pool's own answer, with none before it
-            self._advance()
-
-    def replied(self, entry, replies):
-        entry.left -= len(replies)
-        self.owed -= len(replies)
-        self.counts.answered += len(replies)
-        if entry is not self.waiting[0]:
-            entry.parked += replies   # written once the entries before it are
-            return
-        for reply in replies:
-            self.out += reply
-        self.writable()
-        if not entry.left:
-            self.waiting.popleft()
-            self._advance()
-
-    def failed(self, entry, error):
-        message = self.framing.error(f"{type(error).__name__}: {error}")
-        self.counts.failed += entry.left
-        self.owed -= entry.left
-        if entry is self.waiting[0]:
-            self.out += message * entry.left
-            self.writable()
-        else:
-            entry.parked += [message] * entry.left
-        entry.left = 0
-        self._advance()
-
-    def _advance(self):
+    def advance(self):
         """Write what the entries at the head have, dropping each once it is whole."""
         waiting = self.waiting
         while waiting:

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 from part2 import clock as clocks
 from part2.calls import Call, ManagedError
-from part2.loop import Counted, Loop
+from part2.loop import READ, Counted, Loop
 from part2.managed import ReliabilityCache, VirtualClock
 from part2.managed_demo import in_background
 from tcp_proxy import Hooks
@@ -112,6 +112,35 @@ def test_a_turns_callbacks_are_made_at_its_end_in_order_each_whatever_the_one_be
     loop.run_once(block=False)
     assert len(made) == 3   # each made once
     loop.shut_down()
+
+
+class Writer:
+    """A writer for the send phase; one made with fails=True raises in its flush()."""
+    flushing = False
+
+    def __init__(self, flushed, fails):
+        self.flushed, self.fails = flushed, fails
+
+    def flush(self):
+        self.flushed.append(self.fails)
+        if self.fails:
+            raise RuntimeError("a writer's bug")
+
+
+def test_a_socket_handler_or_a_writer_that_raises_is_counted_and_the_others_still_run(caplog):
+    loop, read, flushed = Loop(), [], []
+    pairs = [socket.socketpair() for _ in range(4)]
+    for number, (ours, theirs) in enumerate(pairs):
+        loop.watch(ours, READ, (lambda events: 1 / 0) if number % 2 else read.append)
+        theirs.send(b"x")
+    for fails in (True, False, True, False):
+        loop.flush_soon(Writer(flushed, fails))
+    loop.run_once()
+    assert (read, sorted(flushed), loop.handler_errors) == ([READ, READ], [0, 0, 1, 1], 4)
+    assert len([record for record in caplog.records if record.name == "part2.managed"]) == 1
+    loop.shut_down()   # it closes the sockets it watches
+    for _, theirs in pairs:
+        theirs.close()
 
 
 def test_a_handler_that_raises_is_logged_once_counted_and_the_turn_goes_on(caplog):

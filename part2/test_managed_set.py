@@ -231,6 +231,20 @@ def test_a_one_service_set_never_refuses_because_of_one_lost_message():
         managed_set.shut_down()
 
 
+def test_a_set_of_one_connection_asks_the_cache_once_a_pick_and_obeys_a_callback_that_refuses():
+    asked, answer = [], [True]
+    cache = ReliabilityCache(availability=lambda addr: asked.append(addr) or answer[0])
+    with FaultyUpstream() as upstream:
+        managed_set = ManagedSet([(upstream.addr, 1)], rcache=cache)
+        assert managed_set.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"
+        assert managed_set.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
+        assert asked == [upstream.addr] * 2 and managed_set.lone is managed_set.clients[0][0]
+        answer[0] = False
+        assert outcome(managed_set.call, b"GET c\n").startswith("ClusterServiceUnavailable")
+        assert asked == [upstream.addr] * 3 and managed_set.refusals == 1
+        managed_set.shut_down()
+
+
 def test_with_every_service_disabled_by_its_own_cache_a_set_tries_the_one_whose_window_ends_first():
     clock = VirtualClock()
     with FaultyUpstream() as b:

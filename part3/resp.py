@@ -85,6 +85,7 @@ BULK = re.compile(rb"\$(0|[1-9][0-9]{0,17})\r\n")   # a bulk string's line, the 
 ARRAY_HEAD = re.compile(rb"\*([1-9][0-9]{0,17})\r\n\$(0|[1-9][0-9]{0,17})\r\n")
 NEXT_BULK = re.compile(rb"\r\n\$(0|[1-9][0-9]{0,17})\r\n")
 STAR, DOLLAR = b"*$"   # as integers, what indexing a buffer gives
+NUMBERS = {b"%d" % number: number for number in range(1024)}   # the common lengths, no int() each
 SIMPLE = re.compile(rb"[+-][^\r\n]*\r\n|:-?(?:0|[1-9][0-9]{0,18})\r\n|[$*]-1\r\n")   # a whole one-line reply
 # RESP3's one-line types, and RESP2's integer: the type byte and what its line must be.
 SCALARS = {
@@ -228,33 +229,46 @@ class Parser:
             self._element(line[:1], line[1:])
         return self.position
 
-    def _at_once(self, buffer):
-        """The length of a message of the common shapes that has arrived whole (a one-line
-        reply, a bulk string, an array of bulk strings: every request a client library sends),
-        read in one pass that changes nothing in the parser; None for anything else, which the
-        step by step parse then reads, or rejects."""
-        first = buffer[0]
-        if first == STAR and (head := ARRAY_HEAD.match(buffer)):
-            count = int(head[1])
-            if count * 3 > len(buffer):   # not all here (an element takes 3 bytes at least)
+    def ends(self, buffer):
+        """Where each message at the buffer's front ends, for as many as have come whole in the
+        common shapes (a list, maybe empty), each read in one pass: the first that has not is
+        left to size(). Only a fresh parser reads ahead so, and it stays fresh."""
+        found, start, size = [], 0, len(buffer)
+        if self.fresh:
+            at_once = self._at_once
+            while start < size and (end := at_once(buffer, start)) is not None:
+                found.append(end)
+                start = end
+        return found
+
+    def _at_once(self, buffer, start=0):
+        """Where a message of the common shapes that has arrived whole (a one-line reply, a bulk
+        string, an array of bulk strings: every request a client library sends) ends, the
+        message starting at `start`, read in one pass that changes nothing in the parser; None
+        for anything else, which the step by step parse then reads, or rejects."""
+        number, size, first = NUMBERS.get, len(buffer), buffer[start]
+        if first == STAR and (head := ARRAY_HEAD.match(buffer, start)):
+            count = number(head[1]) or int(head[1])
+            if count * 3 > size - start:   # not all here (an element takes 3 bytes at least)
                 return None
-            end = head.end() + int(head[2])   # where the first element's bytes end
+            end = head.end() + (number(head[2]) or int(head[2]))   # the first element's end
             match = NEXT_BULK.match
             while count > 1:
                 bulk = match(buffer, end)
                 if bulk is None:
                     return None
-                end = bulk.end() + int(bulk[1])
+                end = bulk.end() + (number(bulk[1]) or int(bulk[1]))
                 count -= 1
         elif self.request:
             return None
-        elif first == DOLLAR and (bulk := BULK.match(buffer)):
-            end = bulk.end() + int(bulk[1])
+        elif first == DOLLAR and (bulk := BULK.match(buffer, start)):
+            end = bulk.end() + (number(bulk[1]) or int(bulk[1]))
         else:
-            line = SIMPLE.match(buffer)
-            return line.end() if line and line.end() <= self.max_size else None
+            line = SIMPLE.match(buffer, start)
+            return line.end() if line and line.end() - start <= self.max_size else None
         end += 2
-        if end > self.max_size or buffer[end - 2:end] != b"\r\n":
+        if end > size or buffer[end - 2] != CR or buffer[end - 1] != LF \
+                or end - start > self.max_size:
             return None   # not all here, or wrong, or too long: the step by step parse says which
         return end
 
@@ -520,7 +534,9 @@ class Resp:
         (GET, SET: no container, no argument that changes its kind), as its name alone
         tells, remembered by name; False when the words must decide (RedisSession.admit()
         asks this first, and splits the words only then)."""
-        return self._named(request)[0]
+        name = NAME.match(request)
+        said = name and self._by_name.get(name[1])   # the common case: a name met before
+        return (said or self._named(request))[0]
 
     def _named(self, request):
         """What a request's name alone says: (forwards_plainly, the reply types of its row),
@@ -604,7 +620,9 @@ class Resp:
                     return False
             except ValueError:
                 return False
-        replies = self._named(request)[1]
+        name = NAME.match(request)
+        said = name and self._by_name.get(name[1])   # the common case: a name met before
+        replies = (said or self._named(request))[1]
         if replies is None:
             row = commands.lookup(words(request) or [b""])
             if row is None:

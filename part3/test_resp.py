@@ -1,5 +1,6 @@
 """resp.py: RESP replies framed whole, however the bytes are cut, at any depth; and the
 real redis-server that demo.py --part3 runs them against."""
+import itertools
 import os
 import pathlib
 import socket
@@ -13,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from conftest import ROOT, need_redis
 from scaffolding import kit, redis_server
 from part3.resp import MAX_BULK, RESP, Overlong, Parser, Passed, reply_size
-from tcp_proxy import FramedProxy, Frames, Head, Piece, Server, read_lines
+from tcp_proxy import LINES, FramedProxy, Frames, Head, Piece, Server, read_lines
 
 EXAMPLES = int(os.environ.get("SOAK", "40"))   # `make soak` raises it; the suite stays fast
 
@@ -174,7 +175,25 @@ def frame_dropping(chunks, new_parser):
     return taken, held
 
 
-def test_frames_keeps_a_fresh_parser_and_makes_one_only_after_a_message_read_in_pieces():
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(sent=st.lists(replies, min_size=1, max_size=8), point=st.integers(0, 10**6))
+def test_ends_finds_only_where_replies_end_reading_ahead_and_keeps_the_parser_fresh(sent, point):
+    stream = b"".join(sent)
+    boundaries = list(itertools.accumulate(map(len, sent)))
+    parser = RESP.reply_parser()
+    found = parser.ends(bytearray(stream[:point % (len(stream) + 1)]))
+    assert found == boundaries[:len(found)] and parser.fresh
+
+
+def test_ends_reads_ahead_the_common_shapes_and_stops_at_the_first_that_is_not_whole():
+    replies = b"$1\r\na\r\n+OK\r\n*1\r\n$0\r\n\r\n*1\r\n:1\r\n$2\r\nhi\r\n"
+    assert RESP.reply_parser().ends(bytearray(replies)) == [7, 12, 22]   # an integer in an array
+    get = b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n"
+    assert RESP.request_parser().ends(bytearray(get * 2 + get[:-1])) == [20, 40]
+    assert RESP.request_parser().ends(bytearray(b"GET a\r\n" + get)) == []   # inline: step by step
+
+
+def test_take_all_keeps_a_fresh_parser_from_read_to_read_and_take_makes_one_a_message():
     made = []
 
     def new_parser():
@@ -182,11 +201,35 @@ def test_frames_keeps_a_fresh_parser_and_makes_one_only_after_a_message_read_in_
         return made[-1]
     frames = Frames(new_parser)
     frames.feed(b"$1\r\na\r\n+OK\r\n$5\r\nhel")
-    assert [frames.take(), frames.take(), frames.take()] == [b"$1\r\na\r\n", b"+OK\r\n", None]
-    assert len(made) == 1
-    frames.feed(b"lo\r\n:1\r\n")
-    assert [frames.take(), frames.take(), frames.take()] == [b"$5\r\nhello\r\n", b":1\r\n", None]
-    assert (len(made), frames.rest()) == (2, b"")
+    assert frames.take_all() == ([b"$1\r\na\r\n", b"+OK\r\n"], None) and len(made) == 1
+    frames.feed(b"lo\r\n:1\r\n")   # the rest of this read, message by message
+    assert frames.take_all() == ([b"$5\r\nhello\r\n", b":1\r\n"], None) and len(made) == 3
+    frames.feed(b"+OK\r\n-ERR x\r\n")
+    assert frames.take_all() == ([b"+OK\r\n", b"-ERR x\r\n"], None)
+    assert (len(made), frames.rest()) == (3, b"")
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(sent=st.lists(replies, min_size=1, max_size=6), points=cuts)
+def test_take_all_gives_every_reply_cut_anywhere_as_sent_and_keeps_what_has_not_ended(sent, points):
+    frames, taken = Frames(RESP.reply_parser), []
+    for chunk in cut(b"".join(sent), points):
+        frames.feed(chunk)
+        messages, error = frames.take_all()
+        assert error is None and all(type(message) is bytes for message in messages)
+        taken += messages
+    assert taken == sent and frames.rest() == b""
+
+
+def test_take_all_gives_the_messages_before_bytes_no_message_is_and_the_error_they_raise():
+    frames = Frames(RESP.request_parser)
+    get = b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n"
+    frames.feed(get + b"PING\r\n" + get + b"*1\r\n:1\r\n" + get)
+    messages, error = frames.take_all()
+    assert messages == [get, b"PING\r\n", get] and isinstance(error, ValueError)
+    lines = Frames(LINES.request_parser)
+    lines.feed(b"GET a\nGET b\nGET c")
+    assert lines.take_all() == ([b"GET a\n", b"GET b\n"], None) and lines.rest() == b"GET c"
 
 
 def dropping(**options):

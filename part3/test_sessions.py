@@ -376,7 +376,7 @@ def test_reset_and_quit_end_a_stream_and_unsubscribe_outside_one_is_answered_as_
         wait_for(lambda: not any(re.search(r" sub=[1-9]", line)
                                  for line in server_clients(control)),
                  "every stream's connection closed")
-        assert lending.lender_of(proxy).own == 0
+        wait_for(lambda: lending.lender_of(proxy).own == 0, "the lender's count of them")
 
 
 def test_monitor_is_refused_by_the_pools_policy_and_streams_once_allowed_by_name(

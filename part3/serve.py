@@ -1,0 +1,134 @@
+"""serve: the Redis pools as a command, in front of a real redis-server. A reader of the lesson
+need not read it: it builds a pool from its arguments and runs it until a signal.
+
+    python3 -m part3 serve --upstream HOST:PORT [--listen HOST:PORT] [--kind framed|managed]
+                           [--size N] [--allow NAME ...] [--stats HOST:PORT]
+
+It prints one line once it listens (where, and where its stats are), a log line on stderr
+for each upstream connection that ends in an error, and ends cleanly, exit status 0, on
+SIGINT or SIGTERM. The stats port answers each connection with one JSON document of the
+pool's counters, then closes it, as twemproxy's stats port does.
+
+    Stats          the stats port: a tcp_proxy.Server whose handle() writes the JSON
+    build_pool()   the pool the arguments ask for, listening where they say
+    main(argv)     parse, build, print the address, wait for a signal, close
+"""
+import argparse
+import json
+import logging
+import signal
+import sys
+
+from part2.managed import ManagedProxy
+from part3 import resp
+from tcp_proxy import FramedProxy, Server
+
+LOG = logging.getLogger("part3.serve")
+SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def address(text):
+    """HOST:PORT as a (host, port) pair; the host may be an IPv6 address in brackets."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not port.isdigit() or not host:
+        raise argparse.ArgumentTypeError(f"an address is HOST:PORT, not {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def shown(addr):
+    host, port = addr[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Stats(Server):
+    """Each connection gets the pool's counters as one JSON document, then its end."""
+
+    def __init__(self, pool, listen):
+        self.pool = pool
+        self.listen_addr = listen
+        super().__init__()
+
+    def handle(self, conn):
+        conn.sendall(json.dumps(counters_of(self.pool), sort_keys=True).encode() + b"\n")
+
+
+def counters_of(pool):
+    """What a pool counts, by name: its own counters, and for ManagedProxy its set's and the
+    sum of its clients'."""
+    found = {name: getattr(pool, name) for name in pool.counters}
+    if isinstance(pool, ManagedProxy):
+        managed_set = pool.managed_set
+        found.update({f"set.{name}": getattr(managed_set, name) for name in managed_set.counters})
+        for clients in managed_set.clients:
+            for client in clients:
+                for name in client.counters:
+                    found[f"upstream.{name}"] = found.get(f"upstream.{name}", 0) + getattr(client, name)
+    else:
+        found.update(idle=len(pool.idle), open=pool.open)
+    return found
+
+
+class LoggedFramedProxy(FramedProxy):
+    """FramedProxy that logs each upstream connection it closes after an error."""
+    ERRORS = {"discarded": "an error or a hang-up", "dirty": "the upstream was out of step"}
+
+    def count(self, name, amount=1):
+        super().count(name, amount)
+        if name in self.ERRORS:
+            LOG.warning("upstream connection closed: %s", self.ERRORS[name])
+
+
+def log_transitions(source, event):
+    """ManagedProxy's on_event: a line for each upstream connection that goes down on an error."""
+    if event[0] == "transition" and event[2] == "down" and getattr(source, "errors", 0):
+        LOG.warning("upstream connection down: %s", event[3])
+
+
+def build_pool(options):
+    framing = resp.Resp(allow=options.allow)
+    if options.kind == "framed":
+        kind = type("Served", (LoggedFramedProxy,), {"listen_addr": options.listen})
+        return kind(options.upstream, pool_cap=options.size, framing=framing)
+    kind = type("Served", (ManagedProxy,), {"listen_addr": options.listen})
+    return kind([(options.upstream, options.size)], framing=framing, on_event=log_transitions)
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="python3 -m part3 serve",
+                                     description="a Redis pool in front of a redis-server")
+    parser.add_argument("--upstream", type=address, required=True, help="the redis-server, HOST:PORT")
+    parser.add_argument("--listen", type=address, default=("127.0.0.1", 6380),
+                        help="where clients connect (default 127.0.0.1:6380; port 0: any free one)")
+    parser.add_argument("--kind", choices=("framed", "managed"), default="framed",
+                        help="framed: a connection per request in flight (FramedProxy); managed: "
+                             "requests pipelined on the loop (ManagedProxy)")
+    parser.add_argument("--size", type=int, default=8,
+                        help="upstream connections: the pool's cap, or the set's per service")
+    parser.add_argument("--allow", nargs="*", default=(), metavar="NAME",
+                        help="commands the pool's policy refuses that it should pass (FLUSHDB)")
+    parser.add_argument("--stats", type=address, default=None,
+                        help="a port that answers with the pool's counters as JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    options = parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO)
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)   # before any thread: they inherit it
+    try:
+        pool = build_pool(options)
+    except (OSError, ValueError) as error:
+        print(f"serve: {error}", file=sys.stderr)
+        return 2
+    stats = Stats(pool, options.stats) if options.stats else None
+    where = f"listening on {shown(pool.addr)}"
+    if stats:
+        where += f"; stats on {shown(stats.addr)}"
+    print(where, flush=True)
+    try:
+        signal.sigwait(SIGNALS)
+    finally:
+        if stats:
+            stats.close()
+        pool.close()
+    return 0
