@@ -287,8 +287,8 @@ class Lending:
         try:
             sync = session.sync(None)
             sock.sendall(b"".join(sync))
-            relay = StreamRelay(self.pool, sock, client, session, self.read_synced(sock, session,
-                                                                                   sync))
+            buffer = self.read_synced(sock, session, sync)   # the stream's first bytes, if any
+            relay = StreamRelay(self.pool, sock, client, session, buffer)
             relay.send(request)
             while session.streams and not relay.ended:
                 if (request := self.pool.next_request(client, requests)) is None:
@@ -308,7 +308,10 @@ class Lending:
                     return
         except (OSError, OutOfStep) as error:
             message = self.framing.error(f"upstream: {error}")
-            relay.write(message) if relay else client.sendall(message)
+            if relay:
+                relay.write(message)
+            else:
+                client.sendall(message)
         finally:
             if relay:
                 relay.stop()

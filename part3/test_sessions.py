@@ -470,6 +470,21 @@ def test_without_its_own_credentials_the_pool_passes_on_the_servers_noauth(guard
         assert clients(proxy.addr).ask("GET k")[0].startswith(b"-NOAUTH")
 
 
+def test_a_sync_the_server_refuses_costs_the_request_an_error_and_the_connection_its_life(
+        guarded, clients):
+    """The server asks a password the pool does not have: a RESP3 client's request goes
+    after a HELLO 3 it refuses, so the request is answered with an error, not the server's
+    NOAUTH to a connection in the wrong protocol, and that connection is never lent again."""
+    server, _ = guarded
+    with FramedProxy(server.addr, framing=RESP) as proxy:
+        client = clients(proxy.addr)
+        assert client.ask("HELLO 3")[0].startswith(b"%7\r\n")
+        assert client.ask("GET k") == [b"-ERR upstream: the connection could not take the "
+                                       b"client's state: HELLO was answered -NOAUTH HELLO must be "
+                                       b"called with the cl\r\n"]   # its first 40 bytes
+        assert proxy.discarded == 1
+
+
 # --- a value longer than the pool keeps, passed on as it arrives ---------------------------------
 
 def rss():
