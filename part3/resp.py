@@ -868,10 +868,11 @@ class RedisSession(Session):
                 self.lease = HELD if self.holds else OWN
                 self.wait = commands.wait_of(items)
             return None
-        if self.multi or self.watching:
+        if self.multi:
             return self.doom(f"{shown(name)} inside a transaction: its connection would turn "
-                             f"into a stream") if self.multi else self.refuse(
-                f"{shown(name)} while WATCH holds the connection: UNWATCH first")
+                             f"into a stream")
+        if self.watching:
+            return self.refuse(f"{shown(name)} while WATCH holds the connection: UNWATCH first")
         if name in OPENS_A_STREAM or kind == "monitor":
             self.lease, self.streams, self.settles = OWN, True, name in OPENS_A_STREAM
             self.monitoring = kind == "monitor"

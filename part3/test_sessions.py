@@ -265,6 +265,20 @@ def test_a_request_the_pool_refuses_inside_multi_dooms_the_transaction_and_nothi
         assert (proxy.opened, proxy.discarded) == (2, 1)   # the doomed one closed
 
 
+def test_a_subscribe_inside_a_transaction_dooms_it_and_after_watch_is_refused_until_unwatch(
+        redis, control, clients):
+    """redis-server queues a SUBSCRIBE inside MULTI and runs it at EXEC, which would turn the
+    held connection into a stream: the pool refuses it, and so the transaction."""
+    with FramedProxy(redis.addr, framing=RESP, pool_cap=1) as proxy:
+        client = clients(proxy.addr)
+        replies = client.ask("MULTI", "SUBSCRIBE a", "EXEC", "WATCH k", "SUBSCRIBE a", "UNWATCH")
+        assert replies[0] == b"+OK\r\n" and replies[3] == replies[5] == b"+OK\r\n"
+        assert replies[1].startswith(b"-ERR tcp-proxy: SUBSCRIBE inside a transaction")
+        assert replies[2].startswith(b"-EXECABORT")
+        assert replies[4].startswith(b"-ERR tcp-proxy: SUBSCRIBE while WATCH holds the connection")
+        assert lending.lender_of(proxy).dedicated == 0
+
+
 def test_reset_ends_a_transaction_by_closing_its_connection_and_the_session_starts_again(
         redis, control, clients):
     with FramedProxy(redis.addr, framing=RESP, pool_cap=1) as proxy:
