@@ -450,6 +450,19 @@ class NaiveProxy(Relay):
 
 # --- the pool that parses ----------------------------------------------------
 
+class Piece(bytes):
+    """Bytes of a message too long to keep, as a passing parser lets go of them (Frames)."""
+
+
+class Head(Piece):
+    """A long message's first piece: what a pool judges it by (its command, its reply type)."""
+
+
+class Passed(bytes):
+    """The end of a message handed on in pieces: no bytes of its own (they went before it);
+    a framing's own kind says more (resp.Passed: its size and first bytes)."""
+
+
 class Frames:
     """The one framing loop of the house: bytes in as they arrive, whole messages out.
 
@@ -465,23 +478,33 @@ class Frames:
     is `fresh` (it reads a message whole in one pass, keeping nothing) has ends(buffer),
     which reads ahead: take_all() cuts every message it found whole with one copy, and
     keeps the parser for the next read; a new one is made after a message take() read.
+    One made to pass a long message on (overlong="pass") keeps what it lets go of in
+    `passed`: take() gives it piece by piece, a Head, a Piece for each read of it, then a
+    Passed at its end (take_all() is for parsers that keep or drop, not pass).
     """
 
     def __init__(self, new_parser, data=b""):
         self._new_parser, self._parser = new_parser, new_parser()
         self.unread = bytearray(data)   # read, not yet part of a message taken
+        self.pieces = collections.deque()   # a long message's pieces, not yet taken
 
     def feed(self, data):
         self.unread += data
 
     def take(self):
-        """The next whole message, or None; ValueError (the parser's) for bytes no message is."""
-        unread = self.unread
-        if not unread or (size := self._parser(unread)) is None:   # a parser says nothing of b""
-            return None
-        message = getattr(self._parser, "message", bytes)(unread[:size])
-        del unread[:size]   # from the front of a bytearray: no copy of the rest
-        self._parser = self._new_parser()
+        """The next whole message (or a piece of a long one), or None; ValueError (the
+        parser's) for bytes no message is."""
+        if self.pieces:
+            return self.pieces.popleft()
+        unread, parser, message = self.unread, self._parser, None
+        if unread and (size := parser(unread)) is not None:   # a parser says nothing of b""
+            message = getattr(parser, "message", bytes)(unread[:size])
+            del unread[:size]   # from the front of a bytearray: no copy of the rest
+            self._parser = self._new_parser()
+        if passed := getattr(parser, "passed", None):   # a long message's pieces, its end last
+            self.pieces.extend(passed)
+            passed.clear()
+            return self.pieces.popleft()
         return message
 
     def take_all(self):
@@ -540,14 +563,26 @@ class Session:
 
     admit(request) is None to send the request on, or the bytes the pool answers with
     (b"": nothing). The toy protocol's session keeps nothing: it refuses what the
-    framing's refusal() names. Part three's Redis sessions keep more."""
+    framing's refusal() names. Part three's Redis sessions keep more.
 
-    def __init__(self, framing):
-        self.framing = framing
+    FramedProxy hands each request to serve(client, request, requests), which here admits
+    it and sends it on with one borrow (pool.exchange()); a session that keeps state for its
+    client (Redis: a database, a transaction, a subscription) lends connections its own way
+    (part3/lending.py). close() runs when the client has gone."""
+
+    def __init__(self, framing, pool=None):
+        self.framing, self.pool = framing, pool
 
     def admit(self, request):
         refusal = self.framing.refusal(request)
         return self.framing.error(f"tcp-proxy: {refusal}") if refusal else None
+
+    def serve(self, client, request, requests):
+        answer = self.admit(request)
+        client.sendall(self.pool.exchange(request) if answer is None else answer)
+
+    def close(self):
+        """The client has gone: the toy's session holds nothing."""
 
 
 class LineFraming:
@@ -578,8 +613,9 @@ class LineFraming:
         value = reply[len(head):-1]   # 12 copies of one byte, if the reply is a value at all
         return reply.startswith(head) and reply.endswith(b"\n") and len(value) == 12 == value.count(value[:1])
 
-    def reply_parser(self):
-        """What reads one reply as it grows: it searches only bytes it has not seen."""
+    def reply_parser(self, passing=False):
+        """What reads one reply as it grows: it searches only bytes it has not seen (no line is
+        passed on in pieces: one past MAX_LINE is out of step)."""
         return LineEnd().size
 
     def request_size(self, buffer):
@@ -587,16 +623,16 @@ class LineFraming:
         ended; a b"\\r" before its end, or MAX_LINE bytes and no end, is a ValueError."""
         return self.request_parser()(buffer)
 
-    def request_parser(self):
+    def request_parser(self, passing=False):
         return LineEnd(strict=True).size
 
     def refusal(self, request):
         """Why this request may not reach a pooled connection, or None: an empty one never does."""
         return "an empty request" if not request.strip() else None
 
-    def session(self):
+    def session(self, pool=None):
         """What the pool keeps of one client between its requests (see Session)."""
-        return Session(self)
+        return Session(self, pool)
 
     def error(self, message):
         """An error in the protocol's own form: one ERR line."""
@@ -660,10 +696,12 @@ class FramedProxy(Server):
 
     def handle(self, client):
         requests = self.requests(client)
-        session = self.framing.session()   # what the pool answers itself, before any borrow
-        while (request := self.next_request(client, requests)) is not None:
-            answer = session.admit(request)
-            client.sendall(self.exchange(request) if answer is None else answer)
+        session = self.framing.session(self)   # what the pool answers itself, before any borrow
+        try:
+            while (request := self.next_request(client, requests)) is not None:
+                session.serve(client, request, requests)   # admitted, then exchange()d
+        finally:
+            session.close()   # what the client held (a transaction) is closed, never lent
 
     def next_request(self, client, requests):
         """The client's next whole request; None at EOF, or after one the framing cannot read
@@ -690,8 +728,9 @@ class FramedProxy(Server):
 
     def requests(self, client):
         """Yield each whole request the client sends, in order, however its writes cut or
-        join them; return at EOF. The framing says where each ends (ValueError if malformed)."""
-        frames = Frames(self.framing.request_parser)
+        join them; return at EOF. The framing says where each ends (ValueError if malformed);
+        one too long to keep comes as a Head, the rest of it as it arrives, then a Passed."""
+        frames = Frames(lambda: self.framing.request_parser(passing=True))
         while data := recv(client):
             frames.feed(data)
             while (request := frames.take()) is not None:
@@ -746,20 +785,24 @@ class FramedProxy(Server):
             self._lock.notify()
         self.count(outcome)
 
-    def read_reply(self, sock, buffer=b""):
-        """Read one reply; return it and the bytes read past its end. (`buffer`, bytes
-        read earlier, is scaffolding: only scaffolding.faults.TrustingPool keeps any.)
-        A reply longer than the framing keeps is out of step, unless its parser reads it
-        to its end and gives the error that answers it (RESP's does: it costs that client).
+    def read_reply(self, sock, buffer=b"", passing=None):
+        """Read one reply; return it and the bytes read past its end. (`buffer`: bytes read
+        earlier: past a sync's replies, or scaffolding.faults.TrustingPool's.) A reply longer
+        than the framing keeps is out of step, unless its parser reads it to its end and
+        gives the error that answers it (RESP's does: it costs that client), or, given
+        passing(), hands it on piece by piece as it arrives, and returns its Passed end.
 
         The load-bearing method: what it returns is what the client gets, and
         where it stops is where the pool believes the upstream has finished.
         """
         deadline = time.monotonic() + self.exchange_timeout   # for the whole reply, however it trickles
         if self.release == "framed":   # over when the framing finds the reply's end
-            frames = Frames(self.framing.reply_parser, buffer)   # each byte parsed once
+            frames = Frames(lambda: self.framing.reply_parser(bool(passing)), buffer)   # once each
             try:
-                while (reply := frames.take()) is None:
+                while (reply := frames.take()) is None or isinstance(reply, Piece):
+                    if reply is not None:
+                        passing(reply)   # a piece of a long reply, on its way to the client
+                        continue
                     if len(frames.unread) > self.framing.max_reply:
                         raise OutOfStep(f"out of step: a reply longer than {self.framing.max_reply} bytes")
                     if frames.unread:
@@ -791,10 +834,11 @@ class FramedProxy(Server):
     # upstream must not have said anything out of turn. scaffolding.faults.TrustingPool switches
     # them off, to show what they prevent; the timeout rule has no parse to check with.
 
-    def in_step(self, request, reply, rest):
-        """After a reply: raise OutOfStep if it cannot answer request; return False if
-        bytes came after it (the reply stands, the connection is closed), else True."""
-        if self.release == "framed" and not self.framing.fits(request, reply):
+    def in_step(self, request, reply, rest, fits=None):
+        """After a reply: raise OutOfStep if it cannot answer request (as fits() judges, or
+        the framing's); return False if bytes came after it (the reply stands, the
+        connection is closed), else True."""
+        if self.release == "framed" and not (fits or self.framing.fits)(request, reply):
             raise OutOfStep(f"out of step: a reply of {len(reply)} bytes does not answer {request[:40]!r}")
         return self.release == "timeout" or not rest
 

@@ -168,7 +168,8 @@ def build_server(kind, upstream_addr, options):
     that takes the upstream's address (a section's variant of PassthroughProxy;
     it reaches the child by reference, so it must live at a module's top level).
     options: pool_cap (framed), connections (managed), framing (framed, managed),
-    reply_delay (upstreams), sockets_per_cpu (placement; 0 places nothing), profile."""
+    reply_delay (upstreams), workers (passthrough), sockets_per_cpu (placement; 0 places
+    nothing), profile."""
     server_class = KINDS[kind] if isinstance(kind, str) else kind
     if options.get("profile"):
         server_class = type("Profiled" + server_class.__name__, (ProfiledThreads, server_class), {})
@@ -188,6 +189,8 @@ def build_server(kind, upstream_addr, options):
     if kind == "managed":
         return server_class([(upstream_addr, options["connections"])],
                             pending_calls_max=options.get("pending_calls_max"), **framing)
+    if kind == "passthrough":
+        return server_class(upstream_addr, workers=options.get("workers", 1))
     return server_class(upstream_addr)
 
 

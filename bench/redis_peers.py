@@ -63,6 +63,8 @@ CHECK_THREADS = 8                  # check_values(): threads, each with its own 
 CHECK_PAIRS = 150                  # check_values(): SET+GET pairs per thread
 PROBE = b"*2\r\n$3\r\nGET\r\n$18\r\nbench:probe:absent\r\n"   # a RESP array, as every real client sends
 GET_THEM = "`make bench-tools` installs it"
+WORKERS_LABEL = "PassthroughProxy, 2 workers, placed"   # a process per core (Server's workers=)
+WORKERS_TARGETS = ((8, 1.0), (64, 1.2))   # (clients, the least x socat at pipeline 1)
 NEEDS_REQUEST_FRAMING = "needs request framing"
 MANAGED_LABEL = "ManagedProxy(RESP) 1 conn"
 MANAGED_TARGETS = ((64, 1, 0.8), (64, 16, 0.8), (8, 1, 0.7))   # (clients, -P, the least x twemproxy)
@@ -88,6 +90,7 @@ def target_specs():
     return [
         ("direct", "-", None, None),
         ("PassthroughProxy, placed", "4", None, lambda addr: ServiceProcess("passthrough", addr)),
+        (WORKERS_LABEL, "4", None, lambda addr: ServiceProcess("passthrough", addr, workers=2)),
         ("PassthroughProxy, splice, placed", "4", None,   # the mechanism study's pump: bytes never enter Python
          lambda addr: ServiceProcess(SplicePassthroughProxy, addr)),
         ("socat", "4", "socat", lambda addr: ExternalRelay("socat", addr)),
@@ -374,6 +377,12 @@ def targets(section):
             if row and row["x_socat"]:
                 found.append((f"redis: PassthroughProxy, placed >= 1.0x socat, {clients} clients, pipeline "
                               f"{pipeline}", f"{row['x_socat']['median']:.2f}x", row["x_socat"]["median"] >= 1.0))
+    for clients, least in WORKERS_TARGETS:
+        row = rows.get((WORKERS_LABEL, clients, 1))
+        if row and row["x_socat"]:
+            seen = row["x_socat"]["median"]
+            found.append((f"redis: {WORKERS_LABEL} >= {least}x socat, {clients} clients, pipeline 1",
+                          f"{seen:.2f}x", seen >= least))
     check = checks.get(MANAGED_LABEL)
     for clients, pipeline, least in MANAGED_TARGETS:
         row = rows.get((MANAGED_LABEL, clients, pipeline))

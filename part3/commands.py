@@ -4,8 +4,9 @@ only what it knows how to frame (an allow list, not a deny list), as twemproxy d
 
 A row gives a command (or a container's subcommand, `CLIENT KILL`), the types of reply it
 can get, in RESP2's type bytes (`+` simple string, `:` integer, `$` bulk string, `*` array;
-an error, `-`, can answer anything), and its kind: what it does to the connection. The kind
-says how many replies a request gets and what the pool does with it (its action):
+an error, `-`, can answer anything; rows() adds each type's RESP3 equivalents), and its
+kind: what it does to the connection. The kind says how many replies a request gets and
+what the pool does with it (its action):
 
     FORWARD     send it on a shared connection; its one reply ends the loan
     REPLAY      state the pool could keep for the client and bring a connection to
@@ -15,8 +16,14 @@ says how many replies a request gets and what the pool does with it (its action)
     POLICY      refused by default (it acts on the whole server); allowed by name
     NEVER       refused whatever the policy says
 
-REPLAY, ANSWER, PIN and DEDICATE are refused for now, each naming its rule; PIN refuses a
-transaction whole (resp.RedisSession). The table reads them as redis-server does:
+A kind marked policy=True (MONITOR's) is refused by default too, and once allowed by name
+has its own action, not FORWARD's.
+
+What a pool does for REPLAY, ANSWER, PIN and DEDICATE is its session's (resp.RedisSession):
+a pool that keeps state for its clients (FramedProxy) replays SELECT, answers the session's
+commands itself, pins a transaction's connection and dedicates one to a wait or a stream;
+one that does not (ManagedProxy, for now) refuses each, naming its rule, and a refused
+MULTI refuses its transaction whole. The table reads them as redis-server does:
 lookup() finds a subcommand only under its container, as redis-server's command lookup
 does, and kind_of() reads the arguments that change a command's kind (XREAD's and
 XREADGROUP's BLOCK, wherever redis-server's own parse of their options finds it).
@@ -30,11 +37,13 @@ Map of the module:
     kind_of(row, items)   the row's kind, or the kind its arguments make it
 """
 import collections
+import math
+import re
 
 FORWARD, REPLAY, ANSWER, PIN, DEDICATE, POLICY, NEVER = (
     "forward", "replay", "answer", "pin", "dedicate", "policy", "never")
 
-Kind = collections.namedtuple("Kind", "replies effect action")
+Kind = collections.namedtuple("Kind", "replies effect action policy", defaults=(False,))
 Row = collections.namedtuple("Row", "name replies kind")
 
 KINDS = {
@@ -53,6 +62,8 @@ KINDS = {
                    "turns the connection into a stream of pushes no request asked for", DEDICATE),
     "blocks": Kind("one, once the wait ends", "holds the connection for as long as it waits",
                    DEDICATE),
+    "monitor": Kind("one, then every command the server runs",
+                    "streams every client's commands to the connection", DEDICATE, policy=True),
     "server": Kind("one", "acts on the whole server: all its keys, its settings, its life or its "
                           "other clients", POLICY),
     "replication": Kind("none, or a stream", "makes the connection a replica's link", NEVER),
@@ -80,10 +91,10 @@ RESET                   +       session
 QUIT                    +       session
 SELECT                  +       state
 CLIENT CACHING          +       state
-CLIENT GETNAME          $       plain
+CLIENT GETNAME          $       session
 CLIENT GETREDIR         :       plain
 CLIENT HELP             *       plain
-CLIENT ID               :       plain
+CLIENT ID               :       session
 CLIENT INFO             $       plain
 CLIENT KILL             +:      server
 CLIENT LIST             $       server
@@ -91,8 +102,8 @@ CLIENT NO-EVICT         +       state
 CLIENT NO-TOUCH         +       state
 CLIENT PAUSE            +       server
 CLIENT REPLY            +       silences
-CLIENT SETINFO          +       state
-CLIENT SETNAME          +       state
+CLIENT SETINFO          +       session
+CLIENT SETNAME          +       session
 CLIENT TRACKING         +       stream
 CLIENT TRACKINGINFO     *       plain
 CLIENT UNBLOCK          :       server
@@ -118,7 +129,7 @@ SSUBSCRIBE              *       stream
 UNSUBSCRIBE             *       stream
 PUNSUBSCRIBE            *       stream
 SUNSUBSCRIBE            *       stream
-MONITOR                 +       stream
+MONITOR                 +       monitor
 # -- keys
 COPY                    :       plain
 DEL                     :       plain
@@ -408,15 +419,27 @@ SYNC                    $       replication
 """
 
 REPLY_TYPES = frozenset(b"+:$*")
+# What each RESP2 type of a row also is in RESP3: the types redis-server writes down to it
+# for a RESP2 client (a map, a set or a null array as an array; a double, a big number, a
+# verbatim string or a null as a bulk string; a boolean as an integer). A blob error is an
+# error, and an attribute may annotate any reply: every row takes both.
+RESP3_OF = {ord("*"): b"%~_", ord("$"): b"=,(_", ord(":"): b"#", ord("+"): b""}
+EVERY_ROW = b"!|"
+
+
+def resp3(replies):
+    """A row's RESP2 reply types, each followed by its RESP3 equivalents, and EVERY_ROW's."""
+    return b"".join(bytes([kind]) + RESP3_OF[kind] for kind in replies) + EVERY_ROW
 
 
 def rows(table):
     """The rows of a table written as TABLE is: one a line, the name first (one or two
-    words), then the reply types and the kind; a line starting with # is a comment."""
+    words), then the reply types and the kind; a line starting with # is a comment. A
+    row's replies are its RESP2 types and their RESP3 equivalents (resp3())."""
     for line in table.splitlines():
         if line.strip() and not line.startswith("#"):
             *name, replies, kind = line.split()
-            yield Row(" ".join(name).encode("ascii"), replies.encode("ascii"), kind)
+            yield Row(" ".join(name).encode("ascii"), resp3(replies.encode("ascii")), kind)
 
 
 COMMANDS = {row.name: row for row in rows(TABLE)}
@@ -454,12 +477,18 @@ def xread_blocks(items):
     first STREAMS names a consumer and BLOCK is an option. A word that is none of these
     ends the parse (redis-server answers a syntax error); so does STREAMS, after which come
     keys and ids. A BLOCK with a timeout redis-server would refuse is taken as a wait."""
+    return xread_block(items) is not None
+
+
+def xread_block(items):
+    """Where XREAD's or XREADGROUP's BLOCK argument (its timeout) stands, as xread_blocks()
+    reads the options; None if it has none."""
     grouped = items[0].upper() == b"XREADGROUP"
     position = 1
     while position < len(items):
         word, more = option(items[position]), len(items) - position - 1
         if word == b"BLOCK" and more:
-            return True
+            return position + 1
         if word == b"COUNT" and more:
             position += 2
         elif word == b"GROUP" and more >= 2 and grouped:
@@ -467,8 +496,8 @@ def xread_blocks(items):
         elif word == b"NOACK" and grouped:
             position += 1
         else:
-            return False
-    return False
+            return None
+    return None
 
 
 # The commands whose arguments can change their kind: (the test, the kind, the option's name).
@@ -485,3 +514,32 @@ def kind_of(row, items):
         if changes(items):
             return kind
     return row.kind
+
+
+# Where each command that waits takes its timeout (an index into its words) and in what
+# unit (seconds per unit), as redis-server reads them; a timeout of 0 waits for ever.
+WAITS = {
+    b"BLPOP": (-1, 1), b"BRPOP": (-1, 1), b"BRPOPLPUSH": (-1, 1), b"BLMOVE": (-1, 1),
+    b"BZPOPMIN": (-1, 1), b"BZPOPMAX": (-1, 1), b"BLMPOP": (1, 1), b"BZMPOP": (1, 1),
+    b"WAIT": (-1, 0.001), b"WAITAOF": (-1, 0.001),
+}
+TIMEOUT = re.compile(rb"[0-9]+(\.[0-9]*)?|\.[0-9]+")   # what a timeout a wait takes looks like
+
+
+def wait_of(items):
+    """How long a request that waits may wait upstream, in seconds (math.inf: for ever), as
+    its own timeout says; None if it has none redis-server would take (it answers at once,
+    with an error)."""
+    command = items[0].upper()
+    if command in (b"XREAD", b"XREADGROUP"):
+        where, unit = xread_block(items), 0.001
+    elif command in WAITS and len(items) > 1:
+        where, unit = WAITS[command]
+    else:
+        return None
+    if where is None or not -len(items) < where < len(items):
+        return None
+    timeout = items[where]
+    if not TIMEOUT.fullmatch(timeout):
+        return None
+    return float(timeout) * unit or math.inf

@@ -1,5 +1,5 @@
 """resp: where a Redis reply ends and where a Redis request ends, so a pool can stand
-between real Redis clients and a redis-server (RESP2).
+between real Redis clients and a redis-server (RESP2, and RESP3's replies).
 
 The pool's checkin is a parse; for Redis the parse is RESP's, not a newline's.
 A GET of a stored value is answered `$5\\r\\nhello\\r\\n`: two lines, one reply.
@@ -21,7 +21,8 @@ Map of the module:
                             its place between calls, so a reply read in many recv()s
                             is parsed once (linear), and it needs no stack; made with
                             overlong="drop", it reads a message too long to keep to its
-                            end, counting the bytes it lets go (Frames drops them)
+                            end, counting the bytes it lets go (Frames drops them); with
+                            overlong="pass", it hands them on (Frames gives them in pieces)
     reply_size(buffer)      the length of the first whole reply in buffer, None while
                             it has not ended, ValueError for bytes no reply starts with
     words(request)          the command and arguments of a whole request, split as
@@ -29,10 +30,17 @@ Map of the module:
                             redis-server would read an inline command otherwise
     Resp                    the framing object FramedProxy takes (max_reply, reply_size(),
                             reply_parser(), request_parser(), request_size(), fits(),
-                            verdict(), refusal(), session(), error()); RESP = Resp() is the
-                            one to use; Resp(allow=...) opens what the policy refuses
-    RedisSession            one client's rules: the table's verdict on each request, a
-                            transaction refused whole, a blank line answered with nothing
+                            verdict(), refusal(), session(), error(); opening(), facts()
+                            for a pool's own requests); RESP = Resp() is the one to use;
+                            Resp(allow=...) opens what the policy refuses, Resp(password=
+                            ...) asks one of the clients, Resp(upstream_password=...) says one
+    RedisSession            one client's session: the table's verdict on each request, a
+                            blank line answered with nothing; with a pool that keeps state
+                            (FramedProxy, through part3/lending.py) what it answers itself
+                            (HELLO, AUTH, SELECT, CLIENT SETNAME...), the state sync() brings
+                            a connection to, a transaction pinned, a wait or a stream given a
+                            connection of its own; without one, all of that refused
+    Facts, decode(), array()  what the pool reads of its server; what it writes itself
 
 The five RESP2 types, each opening with one type byte and a line ended by b"\\r\\n":
     +OK            simple string      -ERR ...     error         :42      integer
@@ -40,21 +48,33 @@ The five RESP2 types, each opening with one type byte and a line ended by b"\\r\
                    b"\\r\\n"; $-1 is the null bulk string (GET of a missing key)
     *2 ...         array: the line gives the count, then that many replies of any
                    type, arrays included; *-1 is the null array
+RESP3 (what a client gets after HELLO 3) adds, one line each: _ null, #t or #f boolean,
+,3.14 double, (123 big number; length-prefixed as $ is: =8 verbatim string (txt:...), !5
+blob error; and aggregates: ~n set, >n push (out of band: no request asked for it), %n map
+(n pairs), |n attribute (n pairs, then the reply they annotate: one message). RESP3's
+streamed forms ($? and *?) are refused: redis-server never sends them.
 A request is an array of bulk strings (`*2\\r\\n$3\\r\\nGET\\r\\n$1\\r\\na\\r\\n`, what every
 client library sends), or an inline command (`GET a\\r\\n`, what a person types), as
 redis-server reads them. A b"\\r" that is not followed by b"\\n" ends no line here:
 it makes the message malformed.
 """
+import collections
+import hmac
 import re
+import secrets
 
 import part3.commands as commands
-from tcp_proxy import Session
+import part3.lending as lending
+from part3.lending import HELD, OWN, POOLED
+import tcp_proxy
+from tcp_proxy import Head, Piece, Session
 
 MAX_REPLY = 1 << 20     # the longest reply a pool will buffer (Redis allows 512 MB; a toy does not)
 MAX_REQUEST = 1 << 20   # the longest request array it will buffer
 MAX_INLINE = 64 * 1024  # the longest inline command (redis-server's own limit)
 MAX_BULK = 512 << 20    # the longest request bulk string redis-server takes (proto-max-bulk-len)
 MAX_COUNT = (1 << 31) - 1   # the most elements it takes in a request's array (INT_MAX)
+DEDICATED_CAP = 32     # connections a pool opens for its clients' waits and streams, at once
 
 LENGTH = re.compile(rb"-1|0|[1-9][0-9]{0,17}")   # a length or count: canonical, or -1 for null
 INTEGER = re.compile(rb"-?(0|[1-9][0-9]{0,18})")
@@ -67,6 +87,18 @@ NEXT_BULK = re.compile(rb"\r\n\$(0|[1-9][0-9]{0,17})\r\n")
 STAR, DOLLAR = b"*$"   # as integers, what indexing a buffer gives
 NUMBERS = {b"%d" % number: number for number in range(1024)}   # the common lengths, no int() each
 SIMPLE = re.compile(rb"[+-][^\r\n]*\r\n|:-?(?:0|[1-9][0-9]{0,18})\r\n|[$*]-1\r\n")   # a whole one-line reply
+# RESP3's one-line types, and RESP2's integer: the type byte and what its line must be.
+SCALARS = {
+    b":": INTEGER,
+    b"_": re.compile(rb""),                                          # null
+    b"#": re.compile(rb"[tf]"),                                      # boolean
+    b",": re.compile(rb"[+-]?(inf|nan|[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?)"),   # double
+    b"(": re.compile(rb"-?(0|[1-9][0-9]*)"),                         # big number
+}
+SCALAR_NAMES = {b":": "integer", b"_": "null", b"#": "boolean", b",": "double", b"(": "big number"}
+# The length-prefixed types: elements per unit of the length (0: a string of that many bytes).
+# A map holds n pairs; an attribute n pairs too, then the reply it annotates (one message).
+LENGTHS = {b"$": 0, b"=": 0, b"!": 0, b"*": 1, b"~": 1, b">": 1, b"%": 2, b"|": 2}
 # A request array's first element (its name), when it holds no line end: as the key of what
 # its name alone says (Resp.forwards_plainly(), Resp.fits()), its length line with it.
 NAME = re.compile(rb"\*[1-9][0-9]{0,17}\r\n(\$[1-9][0-9]?\r\n[^\r\n]{1,99})\r\n")
@@ -98,6 +130,17 @@ class Overlong(bytes):
         return message
 
 
+class Passed(tcp_proxy.Passed):
+    """The end of a message too long to keep, handed on as it came (Parser(overlong="pass")):
+    no bytes of its own (every byte went before it, piece by piece); what is known of the
+    message, as an Overlong knows it: its size, the limit, its first bytes, a request?"""
+
+    def __new__(cls, size, limit, head, request):
+        marker = super().__new__(cls, b"")
+        marker.size, marker.limit, marker.head, marker.request = size, limit, head, request
+        return marker
+
+
 class Parser:
     """Where one RESP message ends, found as its bytes arrive.
 
@@ -116,12 +159,15 @@ class Parser:
     bytearray, Frames' own) what it will not read again, counting it in `dropped`. Once
     the message has ended, message(kept) gives, for the bytes of it still kept, those bytes,
     or for one that was over, the Overlong error that answers it. The bound is on memory,
-    not on how far a parse may go.
+    not on how far a parse may go. overlong="pass" reads such a message the same way, but
+    keeps each run of bytes it deletes in `passed` (Frames(passing=True) hands them on, the
+    first a Head), and ends it with a Passed marker instead of the error: what a pool uses
+    to pass a long value through with a window of memory.
     """
 
     def __init__(self, max_size, request=False, overlong="raise"):
-        if overlong not in ("raise", "drop"):
-            raise ValueError(f"overlong is 'raise' or 'drop', not {overlong!r}")
+        if overlong not in ("raise", "drop", "pass"):
+            raise ValueError(f"overlong is 'raise', 'drop' or 'pass', not {overlong!r}")
         self.max_size = max_size
         self.request = request
         self.overlong = overlong
@@ -135,6 +181,7 @@ class Parser:
         self.dropped = 0         # bytes of it deleted from the buffer's front
         self.head = None         # its first bytes, kept when the first of them are deleted
         self.fresh = True        # nothing kept yet: each message read whole in one pass keeps it so
+        self.passed = []         # overlong="pass": the bytes deleted, for Frames to hand on
 
     def size(self, buffer):
         if self.fresh and buffer:
@@ -153,6 +200,10 @@ class Parser:
         if not self.over:
             return bytes(kept)
         head = self.head if self.head is not None else bytes(kept[:Overlong.HEAD])
+        if self.overlong == "pass":   # its last bytes go the way the others went, then its end
+            end = Passed(self.dropped + len(kept), self.max_size, head, self.request)
+            self.passed += [(Piece if self.dropped else Head)(kept), end]
+            return end
         return Overlong(self.dropped + len(kept), self.max_size, head, self.request)
 
     def _parse(self, buffer):
@@ -235,6 +286,8 @@ class Parser:
             return
         if self.head is None:
             self.head = bytes(buffer[:Overlong.HEAD])
+        if self.overlong == "pass":
+            self.passed.append((Piece if self.dropped else Head)(buffer[:count]))
         del buffer[:count]
         self.dropped += count
         self.position = max(self.position - count, 0)
@@ -243,7 +296,8 @@ class Parser:
             self.bulk_end -= count
 
     def _too_long(self, message):
-        """A message longer than max_size: a ValueError, or (overlong="drop") read on, unkept."""
+        """A message longer than max_size: a ValueError, or (overlong="drop" or "pass") read
+        on, unkept."""
         if self.overlong == "raise":
             raise ValueError(message)
         self.over = True
@@ -294,21 +348,31 @@ class Parser:
             raise ValueError(f"a request array holds bulk strings only, not {kind + line[:40]!r}")
         if kind in (b"+", b"-"):
             return
-        if kind == b":":
-            if not INTEGER.fullmatch(line):
-                raise ValueError(f"not a RESP integer: {line[:40]!r}")
+        if kind in SCALARS:   # RESP2's integer and RESP3's one-line types: the line is the value
+            if not SCALARS[kind].fullmatch(line):
+                raise ValueError(f"not a RESP {SCALAR_NAMES[kind]}: {kind + line[:40]!r}")
             return
-        if kind not in (b"$", b"*"):
+        if kind not in LENGTHS:
             raise ValueError(f"no RESP message starts with {kind!r} (line {kind + line[:40]!r})")
-        if not LENGTH.fullmatch(line) or (self.request and kind == b"$" and line == b"-1"):
+        if line == b"?":   # RESP3's streamed string or aggregate: no end known in advance
+            raise ValueError(f"a streamed RESP3 message ({kind + line!r}): redis-server never "
+                             f"sends one, and the pool frames none")
+        if not LENGTH.fullmatch(line) or (line == b"-1" and kind not in b"$*") or \
+                (self.request and kind == b"$" and line == b"-1"):
             raise ValueError(f"not a RESP length: {kind + line[:40]!r}")
         length = int(line)
+        if kind == b"=" and 0 <= length < 4:   # a verbatim string opens with its format: txt:
+            raise ValueError(f"a verbatim string too short for its format: {kind + line!r}")
         if self.request and length > (MAX_BULK if kind == b"$" else MAX_COUNT):
             raise ValueError(f"longer than redis-server takes in a request: {kind + line!r}")
-        if not self.over and length * (1 if kind == b"$" else 3) > self.max_size:   # 3 bytes each
+        elements = LENGTHS[kind]   # elements per unit of its length; 0 for a string
+        least = length * (elements * 3 or 1)   # 3 bytes an element at least
+        if not self.over and least > self.max_size:
             self._too_long(f"a message longer than {self.max_size} bytes: {kind + line!r}")
-        if kind == b"*":
-            self.still_to_read += max(length, 0)   # *-1, the null array, holds nothing
+        if elements:
+            # *-1, the null array, holds nothing; an attribute's pairs come before the reply it
+            # annotates, which is read as this element's place
+            self.still_to_read += max(length, 0) * elements + (kind == b"|")
         elif length >= 0:
             self.bulk_end = self.position + length
             if not self.over and self.dropped + self.bulk_end + 2 > self.max_size:   # and the whole
@@ -375,14 +439,29 @@ class Resp:
     Resp(allow=names) forwards the commands named (a server-wide command of the table,
     `FLUSHDB`, `CONFIG SET`) that the policy refuses by default; Resp(refuse=names) refuses
     commands it would forward. A name the table does not have, or one it never passes, is a
-    ValueError. max_reply and max_request bound what the pool keeps of one message."""
+    ValueError. max_reply and max_request bound what the pool keeps of one message: the
+    window a longer one is passed on through (FramedProxy), or dropped past (ManagedProxy).
 
-    def __init__(self, allow=(), refuse=(), max_reply=MAX_REPLY, max_request=MAX_REQUEST):
+    AUTH belongs to the pool: password= (and user=, "default" if not given) is what it asks
+    of its clients (AUTH and HELLO ... AUTH are answered by their session; anything else
+    before them, -NOAUTH); upstream_password= (and upstream_user=) is what it says itself to
+    the server, on each connection it opens. A client's credentials never reach a shared
+    connection. dedicated_cap bounds the connections each pool opens for its clients' own
+    use (a wait, a stream) at once."""
+
+    def __init__(self, allow=(), refuse=(), max_reply=MAX_REPLY, max_request=MAX_REQUEST,
+                 password=None, user=None, upstream_password=None, upstream_user=None,
+                 dedicated_cap=DEDICATED_CAP):
         self.allowed = self._names(allow, commands.POLICY, "allowed")
         self.refused = self._names(refuse, commands.FORWARD, "refused")
         self.max_reply = max_reply
         self.max_request = max_request
         self._by_name = {}   # NAME's key -> (forwarded whatever the arguments, the reply types)
+        self.password = as_bytes(password)
+        self.user = as_bytes(user) or b"default"
+        self.upstream_password = as_bytes(upstream_password)
+        self.upstream_user = as_bytes(upstream_user)
+        self.dedicated_cap = dedicated_cap
 
     @staticmethod
     def _names(names, action, verb):
@@ -394,7 +473,7 @@ class Resp:
             if row is None:
                 raise ValueError(f"{shown(name)} is not in the command table: no pool frames it")
             kind = commands.KINDS[row.kind]
-            if kind.action != action:
+            if kind.action != action and not (kind.policy and action == commands.POLICY):
                 raise ValueError(f"{shown(name)} cannot be {verb} by name: it {kind.effect} "
                                  f"(its action is {kind.action})")
             chosen.add(name)
@@ -404,15 +483,16 @@ class Resp:
         """Length of the first whole reply at the start of buffer, or None while it has not ended."""
         return reply_size(buffer, self.max_reply)
 
-    def reply_parser(self):
+    def reply_parser(self, passing=False):
         """A fresh parser (called on one reply as it grows, it keeps its place) that reads a
         reply longer than max_reply to its end without keeping it: Frames then gives an
-        Overlong, and the pool answers that client with an error, not the connection's end."""
-        return Parser(self.max_reply, overlong="drop")
+        Overlong, and the pool answers that client with an error, not the connection's end;
+        passing=True: it hands the reply on in pieces instead (Frames(passing=True))."""
+        return Parser(self.max_reply, overlong="pass" if passing else "drop")
 
-    def request_parser(self):
+    def request_parser(self, passing=False):
         """The same for one request: an array of bulk strings, or an inline command."""
-        return Parser(self.max_request, request=True, overlong="drop")
+        return Parser(self.max_request, request=True, overlong="pass" if passing else "drop")
 
     def request_size(self, buffer):
         """Length of the first whole request at the start of buffer, or None while it has
@@ -437,7 +517,10 @@ class Resp:
             name += b" " + commands.BY_ARGUMENTS[row.name][2]
         if name in self.refused:
             return commands.POLICY, f"{shown(name)} is refused by the pool's policy"
-        if kind.action == commands.FORWARD or name in self.allowed:
+        if kind.policy and name not in self.allowed:   # MONITOR: by the policy, then its kind
+            return commands.POLICY, (f"{shown(name)} {kind.effect}; refused by the pool's policy "
+                                     f"(allow it by name)")
+        if kind.action == commands.FORWARD or (name in self.allowed and not kind.policy):
             return commands.FORWARD, None
         if kind.action == commands.POLICY:
             return commands.POLICY, (f"{shown(name)} {kind.effect}; refused by the pool's policy "
@@ -488,9 +571,34 @@ class Resp:
         items = words(request)
         return self.verdict(items)[1] if items else None
 
-    def session(self):
-        """What the pool keeps of one client between its requests (RedisSession)."""
-        return RedisSession(self)
+    def session(self, pool=None):
+        """What the pool keeps of one client between its requests (RedisSession): with a
+        pool that can hold state for it (FramedProxy), the session answers, replays, pins and
+        dedicates; without one (ManagedProxy, for now), it refuses what would need it."""
+        return RedisSession(self, pool)
+
+    fresh_state = (2, 0, False)   # what a connection the pool opens carries, its AUTH said:
+    # (its protocol, its database, whether CLIENT NO-EVICT is on)
+
+    def opening(self):
+        """What the pool says on a connection it has just opened, before anything else: its
+        own AUTH (upstream_password), or nothing."""
+        if self.upstream_password is None:
+            return []
+        user = [self.upstream_user] if self.upstream_user else []
+        return [array(b"AUTH", *user, self.upstream_password)]
+
+    def facts_requests(self):
+        """What the pool asks its server once (facts()): HELLO with no version (the server's
+        version, mode and role, in whatever protocol the connection speaks) and CONFIG GET
+        databases (what a SELECT may name)."""
+        return [array(b"HELLO"), array(b"CONFIG", b"GET", b"databases")]
+
+    def facts(self, replies):
+        """The Facts facts_requests()' replies give. A server that does not say (no HELLO
+        before Redis 6, CONFIG refused by its ACL) leaves that fact at its default, or None."""
+        hello, databases = replies
+        return Facts.read(hello, databases)
 
     def error(self, message, code="ERR"):
         """An error reply in RESP's own form: one line, so no line break survives in it."""
@@ -530,6 +638,116 @@ class Resp:
         return "resp.RESP"
 
 
+# --- what the pool says itself, in RESP, and what it reads of the server's replies -----------
+
+def as_bytes(text):
+    return text.encode("utf-8") if isinstance(text, str) else text
+
+
+def bulk(data):
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def array(*items):
+    """A request (or a flat reply) as a client library writes one: an array of bulk strings."""
+    return b"*%d\r\n" % len(items) + b"".join(bulk(as_bytes(item)) for item in items)
+
+
+def null(protocol):
+    return b"_\r\n" if protocol == 3 else b"$-1\r\n"
+
+
+def decode(message, depth=8):
+    """The value of one whole reply the pool asked for itself (HELLO, CONFIG GET): bytes, int,
+    None, or a list (a map's pairs flattened, as RESP2 writes them); nested at most depth."""
+    value, end = _decode(bytes(message), 0, depth)
+    return value
+
+
+def _decode(data, position, depth):
+    end = data.index(b"\r\n", position)
+    kind, line = data[position:position + 1], data[position + 1:end]
+    if kind in b"+-:(,#" or kind == b"_":
+        return (int(line) if kind == b":" else None if kind == b"_" else line), end + 2
+    length = int(line)
+    if kind in b"$=!":
+        if length < 0:
+            return None, end + 2
+        return data[end + 2:end + 2 + length], end + 4 + length
+    if depth <= 0:
+        raise ValueError("a reply nested deeper than the pool reads its own")
+    items, position = [], end + 2
+    for _ in range(max(length, 0) * (2 if kind in b"%|" else 1)):
+        item, position = _decode(data, position, depth - 1)
+        items.append(item)
+    if kind == b"|":   # an attribute: the reply it annotates is the value
+        return _decode(data, position, depth - 1)
+    return (None if length < 0 else items), position
+
+
+def leading_words(head):
+    """The words whole at the start of a long request's first bytes (a Head): the command,
+    and as many arguments as have come whole; None if it is no RESP array."""
+    if not head.startswith(b"*"):
+        return None
+    items, position = [], head.index(b"\r\n") + 2
+    while (line_end := head.find(b"\r\n", position)) >= 0:
+        start = line_end + 2
+        end = start + int(head[position + 1:line_end])
+        if end + 2 > len(head):
+            break
+        items.append(head[start:end])
+        position = end + 2
+    return items
+
+
+class Facts(collections.namedtuple("Facts", "version mode role databases")):
+    """What the pool reads of its server once (Resp.facts_requests()): its HELLO's version,
+    mode and role, and CONFIG GET databases (None if the server would not say)."""
+
+    @classmethod
+    def read(cls, hello, databases):
+        said = {}
+        if hello[:1] in b"*%":
+            pairs = decode(hello)
+            said = dict(zip(pairs[::2], pairs[1::2]))
+        count = decode(databases) if databases[:1] in b"*%" else []
+        return cls(said.get(b"version", b"unknown"), said.get(b"mode", b"standalone"),
+                   said.get(b"role", b"master"), int(count[1]) if len(count) == 2 else None)
+
+
+# A subscription's confirmation, as redis-server writes one: [kind, channel, count], the
+# channel null when there was none to name (an UNSUBSCRIBE with nothing subscribed).
+CONFIRMATION = re.compile(rb"[*>]3\r\n\$[0-9]+\r\n([ps]?(?:un)?subscribe)\r\n"
+                          rb"(?:\$-1\r\n|_\r\n|\$([0-9]+)\r\n)", re.IGNORECASE)
+COUNT = re.compile(rb":([0-9]+)\r\n")
+SUBSCRIBING = {b"SUBSCRIBE", b"PSUBSCRIBE", b"SSUBSCRIBE", b"UNSUBSCRIBE", b"PUNSUBSCRIBE",
+               b"SUNSUBSCRIBE"}
+OPENS_A_STREAM = {b"SUBSCRIBE", b"PSUBSCRIBE", b"SSUBSCRIBE"}
+RESP3_ONLY = frozenset(b"_,#(=!~%|>")   # types a RESP2 connection never sends
+ERRORS = frozenset(b"-!")
+BEFORE_AUTH = {b"AUTH", b"HELLO", b"QUIT", b"RESET"}   # what a client may send unauthenticated
+NAME_BYTES = re.compile(rb"[!-~]*")   # a client name redis-server takes: no blank, no control byte
+TRANSACTION_ENDS = {b"EXEC", b"DISCARD"}
+
+
+def command_of(request):
+    """A request's command, upper case: of a whole request, or of a long one's first bytes."""
+    items = leading_words(request) if isinstance(request, Head) else words(request)
+    return (items or [b""])[0].upper()
+
+
+def confirmation(message):
+    """(kind, count) if the message confirms a subscription change, else None: its kind in
+    lower case (b"unsubscribe"), and how many subscriptions of its family the client has."""
+    if not (head := CONFIRMATION.match(message)):
+        return None
+    end = head.end() + (int(head[2]) + 2 if head[2] is not None else 0)
+    if not (count := COUNT.fullmatch(message, end)):
+        return None
+    return head[1].lower(), int(count[1])
+
+
 class RedisSession(Session):
     """One client's rules, applied to each of its requests before any borrow (admit()).
 
@@ -540,23 +758,144 @@ class RedisSession(Session):
     refuses its whole transaction: every request up to its EXEC or DISCARD is answered
     with an error and never sent, so nothing of it runs, and a client told that it
     failed can send it again without applying any of it twice.
-    """
 
-    def __init__(self, framing):
-        super().__init__(framing)
+    With a pool that can hold state for its client (FramedProxy), each state has its answer:
+      answered    HELLO (2 or 3, with AUTH and SETNAME), AUTH, CLIENT SETNAME, GETNAME, ID
+                  and SETINFO, QUIT and RESET, from what the session keeps; never sent
+      replayed    SELECT, answered, and the protocol HELLO chose: the session's state,
+                  which sync() brings any connection to before it carries a request
+      pinned      MULTI or WATCH to EXEC, DISCARD or UNWATCH: on the connection the client
+                  holds; inside MULTI a reply is +QUEUED or an error, and a request the pool
+                  refuses there dooms the transaction (EXEC: EXECABORT, nothing runs)
+      dedicated   a wait (BLPOP, XREAD BLOCK) on a connection of its own, for its timeout;
+                  SUBSCRIBE's stream (and MONITOR's, where the policy allows it) until the
+                  last unsubscribe, as the confirmations count them (pushed())
+    The pool drives it one request at a time (part3/lending.py says how).
+    """
+    lease, wait, quitting = POOLED, None, False   # what admit() says of the request admitted
+
+    def __init__(self, framing, pool=None):
+        super().__init__(framing, pool)
         self.refused_transaction = False   # from a refused MULTI to its EXEC or DISCARD
+        self.refused_why = "was refused at its MULTI"
+        self.lender = lending.lender_of(pool) if pool else None   # does what the session says
+        self.id = self.lender.next_id() if pool else 0
+        self.reset()
+
+    def reset(self):
+        """The session as a new client's, and as RESET leaves one."""
+        self.protocol, self.db = 2, 0
+        self.no_evict = False   # CLIENT NO-EVICT, replayed as SELECT is
+        self.name = None
+        self.library = {}       # CLIENT SETINFO's attributes
+        self.authenticated = self.framing.password is None
+        self.multi = False      # between MULTI's +OK and the reply to its EXEC or DISCARD
+        self.watching = False   # between WATCH's +OK and EXEC, DISCARD or UNWATCH
+        self.doomed = None      # why the open transaction cannot run (a request refused in it)
+        self.streams = self.settles = self.monitoring = False
+        self.subscribed = {b"": 0, b"s": 0}   # by family: channels and patterns; shard channels
+        self.marker = b"tcp-proxy:barrier:%s" % secrets.token_hex(8).encode("ascii")
+
+    @property
+    def state(self):
+        return (self.protocol, self.db, self.no_evict)
+
+    @property
+    def holds(self):
+        return self.multi or self.watching
 
     def admit(self, request):
-        if not self.refused_transaction and self.framing.forwards_plainly(request):
+        if not self.refused_transaction and self.authenticated and not self.streams and \
+                not self.quitting and self.framing.forwards_plainly(request):
+            self.lease, self.wait = HELD if self.multi or self.watching else POOLED, None
             return None   # the common case: its name says so, and no words are split
+        if self.quitting:   # after QUIT, nothing is answered: the connection is ending
+            return b""
         if isinstance(request, Overlong):   # read whole and dropped: it is its own answer
             return bytes(request)
-        if (fault := inline_fault(request)):
-            return self.refuse(fault)
-        if not (items := words(request)):
-            return b""
+        if isinstance(request, Head):   # too long to keep: judged by the words whole in it
+            items = leading_words(request)
+            if not items:
+                return self.refuse("a request too long to keep whose command is not in its "
+                                   f"first {len(request)} bytes")
+        else:
+            if (fault := inline_fault(request)):
+                return self.refuse(fault)
+            if not (items := words(request)):
+                return b""
         if self.refused_transaction:
             return self.inside_refused_transaction(items)
+        if self.pool is None:
+            if not self.authenticated:   # a pool password: checked here, with no connection
+                return self.auth(items) if items[0].upper() == b"AUTH" else NOAUTH
+            return self.without_state(items)
+        self.lease, self.wait, self.settles = (HELD if self.holds else POOLED), None, False
+        name = commands.name_of(items)
+        if not self.authenticated and name not in BEFORE_AUTH:
+            return NOAUTH
+        action, reason = self.framing.verdict(items)
+        if isinstance(request, Head) and (action != commands.FORWARD or self.streams or
+                                          name.split(b" ")[0] in commands.BY_ARGUMENTS):
+            return self.refuse(f"{shown(name)} too long to pass on: the pool passes on only a "
+                               f"long request it forwards as it is, and keeps {len(request)} bytes")
+        if self.streams:
+            return self.in_stream(name, action, reason, items)
+        if action == commands.FORWARD:
+            return None
+        if self.doomed and name == b"EXEC":   # as redis-server ends a transaction it refused
+            self.multi = self.watching = False   # a part of: its connection is closed, not lent
+            self.doomed = None
+            return self.framing.error("Transaction discarded because of previous errors.",
+                                      code="EXECABORT")
+        if (answer := ANSWERS.get(name)):
+            if self.multi and name not in (b"QUIT", b"RESET"):
+                return self.doom(f"{shown(name)} is the pool's to answer, and a transaction "
+                                 f"cannot hold it")
+            return answer(self, items)
+        if action == commands.PIN:
+            self.lease = HELD
+            return None
+        if action == commands.DEDICATE:
+            return self.dedicate(name, commands.kind_of(commands.lookup(items), items), items,
+                                 reason)
+        return self.doom(reason) if self.multi else self.refuse(reason)
+
+    def dedicate(self, name, kind, items, reason):
+        """A wait on a connection of its own (or the one the client holds: it stays the
+        client's; inside MULTI it is queued, and waits for nothing); a stream on its own."""
+        if kind == "blocks":
+            if not self.multi:
+                self.lease = HELD if self.holds else OWN
+                self.wait = commands.wait_of(items)
+            return None
+        if self.multi:
+            return self.doom(f"{shown(name)} inside a transaction: its connection would turn "
+                             f"into a stream")
+        if self.watching:
+            return self.refuse(f"{shown(name)} while WATCH holds the connection: UNWATCH first")
+        if name in OPENS_A_STREAM or kind == "monitor":
+            self.lease, self.streams, self.settles = OWN, True, name in OPENS_A_STREAM
+            self.monitoring = kind == "monitor"
+            return None
+        return self.refuse(reason)
+
+    def in_stream(self, name, action, reason, items):
+        """A request while the client's connection is a stream: more subscriptions, anything
+        forwarded, or the pool's own answers; nothing that would change the stream's state."""
+        self.lease = OWN
+        if name in SUBSCRIBING:
+            self.settles = True   # its confirmations may end the stream
+            return None
+        if action == commands.FORWARD:
+            return None
+        if name in (b"QUIT", b"RESET", b"AUTH", b"CLIENT ID", b"CLIENT GETNAME", b"CLIENT SETNAME",
+                    b"CLIENT SETINFO"):
+            return ANSWERS[name](self, items)
+        return self.refuse(f"{shown(name)} on a connection that is a stream of messages (after "
+                           f"SUBSCRIBE or MONITOR): unsubscribe first, or RESET")
+
+    def without_state(self, items):
+        """For a pool that keeps no state for its client: only what the table forwards."""
         action, reason = self.framing.verdict(items)
         if action == commands.FORWARD:
             return None
@@ -575,13 +914,264 @@ class RedisSession(Session):
             self.refused_transaction = False
             if command == b"DISCARD":
                 return b"+OK\r\n"
-            return self.framing.error("tcp-proxy: the transaction was refused at its MULTI; "
-                                      "nothing in it ran", code="EXECABORT")
+            return self.framing.error(f"tcp-proxy: the transaction {self.refused_why}; "
+                                      f"nothing in it ran", code="EXECABORT")
+        if command == b"UNWATCH" and self.refused_why != "was refused at its MULTI":
+            self.refused_transaction = False   # a WATCH whose connection was lost: it ends here
+            return b"+OK\r\n"
         return self.refuse(f"{shown(commands.name_of(items))} not sent: the transaction it is "
-                           f"queued in was refused at its MULTI")
+                           f"queued in {self.refused_why}")
+
+    def doom(self, reason):
+        """Refuse a request inside MULTI, and so the transaction: redis-server's own rule for
+        a command it refuses while queueing (EXEC answers EXECABORT)."""
+        self.doomed = reason
+        return self.refuse(reason)
+
+    def lost(self):
+        """The connection the client's mode was on is gone: a stream ends; the rest of a
+        transaction is refused up to its end, since its MULTI or WATCH went with it."""
+        if self.holds:
+            self.refused_transaction = True
+            self.refused_why = "lost its connection"
+        self.multi = self.watching = self.streams = False
+        self.doomed = None
+        self.subscribed = {b"": 0, b"s": 0}
 
     def refuse(self, reason):
         return self.framing.error(f"tcp-proxy: {reason}")
+
+    # --- the pool drives these (tcp_proxy.Session)
+
+    def serve(self, client, request, requests):
+        self.lender.serve(self, client, request, requests)
+
+    def close(self):
+        self.lender.close(self)
+
+    def sync(self, state):
+        """HELLO, SELECT and CLIENT NO-EVICT, for what a connection carries that this
+        client's does not; on a connection just opened (state None), the pool's AUTH first."""
+        requests = self.framing.opening() if state is None else []
+        protocol, db, no_evict = state or self.framing.fresh_state
+        if protocol != self.protocol:
+            requests.append(array(b"HELLO", b"%d" % self.protocol))
+        if db != self.db:
+            requests.append(array(b"SELECT", b"%d" % self.db))
+        if no_evict != self.no_evict:
+            requests.append(array(b"CLIENT", b"NO-EVICT", b"on" if self.no_evict else b"off"))
+        return requests
+
+    def synced(self, request, reply):
+        """Why a reply to sync()'s HELLO (a map, or RESP2's array), SELECT or AUTH (+OK) is
+        wrong."""
+        command = words(request)[0]
+        if reply[:1] in b"%*" if command == b"HELLO" else reply == b"+OK\r\n":
+            return None
+        if command == b"AUTH":
+            return f"the upstream refused the pool's own AUTH: {shown(reply[:60].strip())}"
+        return f"{shown(command)} was answered {shown(reply[:60].strip())}"
+
+    def fits(self, request, reply):
+        """The fit of a reply the pool's parser framed (or of a long one's first bytes): the
+        framing's, by its type, and more: inside MULTI, +QUEUED or an error (EXEC and DISCARD
+        aside); a connection that speaks RESP2 sends none of RESP3's types."""
+        if isinstance(reply, tcp_proxy.Passed):   # a long reply passed on: its first bytes
+            reply = reply.head
+        first = reply[:1]
+        if self.protocol == 2 and first and first[0] in RESP3_ONLY:
+            return False
+        if self.multi and command_of(request) not in TRANSACTION_ENDS:
+            return reply == b"+QUEUED\r\n" or (bool(first) and first[0] in ERRORS)
+        return self.framing.fits(request, reply, framed=True)
+
+    def replied(self, request, reply):
+        """What a reply on the held connection says: a transaction begun or ended, keys
+        watched or not."""
+        if self.lease != HELD:
+            return
+        command = command_of(request)
+        failed = reply[:1] in (b"-", b"!")
+        if command == b"MULTI" and not failed:
+            self.multi = True
+        elif command in TRANSACTION_ENDS and self.multi:
+            self.multi = self.watching = False
+            self.doomed = None
+        elif command == b"WATCH" and not failed and not self.multi:
+            self.watching = True
+        elif command == b"UNWATCH" and not failed and not self.multi:
+            self.watching = False
+
+    def barrier(self):
+        return array(b"PING", self.marker)
+
+    def pushed(self, message):
+        """A message on the stream: the client's (True), or the reply to the pool's barrier
+        (False: at it, a stream whose subscriptions are all gone has ended)."""
+        if message in (bulk(self.marker), array(b"pong", self.marker)):
+            if not self.monitoring and not any(self.subscribed.values()):
+                self.streams = False
+            return False
+        if (confirmed := confirmation(message)):
+            kind, count = confirmed
+            self.subscribed[b"s" if kind in (b"ssubscribe", b"sunsubscribe") else b""] = count
+        return True
+
+    # --- the pool's own answers (ANSWERS), as redis-server gives each
+
+    def hello(self, items):
+        version, options = None, items[1:]
+        if options:
+            if not INTEGER.fullmatch(options[0]):
+                return self.framing.error("Protocol version is not an integer or out of range")
+            version, options = int(options[0]), options[1:]
+            if version not in (2, 3):
+                return self.framing.error("unsupported protocol version", code="NOPROTO")
+        credentials, name, position = None, None, 0
+        while position < len(options):
+            option, more = options[position].upper(), len(options) - position - 1
+            if option == b"AUTH" and more >= 2:
+                credentials, position = options[position + 1:position + 3], position + 3
+            elif option == b"SETNAME" and more:
+                name, position = options[position + 1], position + 2
+            else:
+                return self.framing.error(f"Syntax error in HELLO option '{shown(option)}'")
+        if credentials and not self.authenticate(*credentials):
+            return WRONGPASS
+        if not self.authenticated:
+            return self.framing.error(
+                "HELLO must be called with the client already authenticated, otherwise the "
+                "HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client "
+                "and select the RESP protocol version at the same time", code="NOAUTH")
+        if name is not None and not NAME_BYTES.fullmatch(name):
+            return NAME_REFUSED
+        try:
+            facts = self.lender.facts()
+        except (OSError, ValueError) as error:
+            return self.framing.error(f"upstream: {error}")
+        if name is not None:
+            self.name = name or None   # an empty name clears it
+        self.protocol = version or self.protocol
+        pairs = [bulk(b"server"), bulk(b"redis"), bulk(b"version"), bulk(facts.version),
+                 bulk(b"proto"), b":%d\r\n" % self.protocol, bulk(b"id"), b":%d\r\n" % self.id,
+                 bulk(b"mode"), bulk(facts.mode), bulk(b"role"), bulk(facts.role),
+                 bulk(b"modules"), b"*0\r\n"]
+        opening = b"%%%d\r\n" % (len(pairs) // 2) if self.protocol == 3 else b"*%d\r\n" % len(pairs)
+        return opening + b"".join(pairs)
+
+    def authenticate(self, user, password):
+        """Whether these are the credentials the pool asks of its clients (any password, for
+        user default, when it asks none, as redis-server's default user without one)."""
+        wanted = self.framing.password
+        right = hmac.compare_digest(user, self.framing.user) and (
+            wanted is None or hmac.compare_digest(password, wanted))
+        self.authenticated = self.authenticated or right
+        return right
+
+    def auth(self, items):
+        if len(items) not in (2, 3):
+            return self.framing.error("syntax error" if len(items) > 3 else
+                                      "wrong number of arguments for 'auth' command")
+        if len(items) == 2 and self.framing.password is None:
+            return self.framing.error("AUTH <password> called without any password configured "
+                                      "for the default user. Are you sure your configuration is "
+                                      "correct?")
+        user, password = (b"default", items[1]) if len(items) == 2 else items[1:]
+        return b"+OK\r\n" if self.authenticate(user, password) else WRONGPASS
+
+    def select(self, items):
+        if len(items) != 2:
+            return self.framing.error("wrong number of arguments for 'select' command")
+        if not INTEGER.fullmatch(items[1]):
+            return self.framing.error("value is not an integer or out of range")
+        index = int(items[1])
+        if index:
+            try:
+                databases = self.lender.facts().databases
+            except (OSError, ValueError) as error:
+                return self.framing.error(f"upstream: {error}")
+            if databases is None:
+                return self.refuse("SELECT: the server does not say how many databases it has "
+                                   "(CONFIG GET databases), so the pool selects only 0")
+            if not 0 <= index < databases:
+                return self.framing.error("DB index is out of range")
+        self.db = index
+        return b"+OK\r\n"
+
+    def client(self, items):
+        subcommand = items[1].upper()
+        arity = {b"SETNAME": 3, b"GETNAME": 2, b"ID": 2, b"SETINFO": 4}[subcommand]
+        if len(items) != arity:
+            return self.framing.error(f"wrong number of arguments for 'client|"
+                                      f"{shown(subcommand.lower())}' command")
+        if subcommand == b"ID":
+            return b":%d\r\n" % self.id
+        if subcommand == b"GETNAME":
+            return bulk(self.name) if self.name else null(self.protocol)
+        if subcommand == b"SETNAME":
+            if not NAME_BYTES.fullmatch(items[2]):
+                return NAME_REFUSED
+            self.name = items[2] or None
+            return b"+OK\r\n"
+        attribute = items[2].lower()
+        if attribute not in (b"lib-name", b"lib-ver"):
+            return self.framing.error(f"Unrecognized option '{shown(items[2])}'")
+        if not NAME_BYTES.fullmatch(items[3]):
+            return self.framing.error(f"{attribute.decode()} cannot contain spaces, newlines or "
+                                      f"special characters.")
+        self.library[attribute] = items[3]
+        return b"+OK\r\n"
+
+    def no_evict_command(self, items):
+        """CLIENT NO-EVICT on|off: kept, and replayed on every connection the client's
+        requests go on (sync()), as SELECT is."""
+        if len(items) != 3:
+            return self.framing.error("wrong number of arguments for 'client|no-evict' command")
+        if items[2].lower() not in (b"on", b"off"):
+            return self.framing.error("syntax error")
+        self.no_evict = items[2].lower() == b"on"
+        return b"+OK\r\n"
+
+    def reply_command(self, items):
+        """CLIENT REPLY ON changes nothing (a connection the pool lends always replies); OFF
+        and SKIP would silence it, so that no reply ends a loan: never."""
+        if len(items) == 3 and items[2].lower() == b"on":
+            return b"+OK\r\n"
+        return self.refuse(self.framing.verdict(items)[1])
+
+    def quit(self, items):
+        """+OK, then the end: the pool closes the connection after it (the lender sees
+        `quitting`), and answers nothing the client sent after it."""
+        self.quitting = True
+        self.multi = self.watching = self.streams = False   # what it held is let go, never lent
+        return b"+OK\r\n"
+
+    def reset_command(self, items):
+        self.refused_transaction = False
+        self.reset()
+        return b"+RESET\r\n"
+
+    def unsubscribe(self, items):
+        """(P|S)UNSUBSCRIBE with nothing subscribed, as redis-server answers it: one confirmation
+        per channel named (or one, its channel null), each with a count of 0."""
+        kind = items[0].lower()
+        opening = b">3\r\n" if self.protocol == 3 else b"*3\r\n"
+        named = [bulk(channel) for channel in items[1:]] or [null(self.protocol)]
+        return b"".join(opening + bulk(kind) + channel + b":0\r\n" for channel in named)
+
+
+WRONGPASS = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+NOAUTH = b"-NOAUTH Authentication required.\r\n"
+NAME_REFUSED = b"-ERR Client names cannot contain spaces, newlines or special characters.\r\n"
+ANSWERS = {   # the commands the pool answers itself, from what the session keeps
+    b"HELLO": RedisSession.hello, b"AUTH": RedisSession.auth, b"SELECT": RedisSession.select,
+    b"CLIENT SETNAME": RedisSession.client, b"CLIENT GETNAME": RedisSession.client,
+    b"CLIENT ID": RedisSession.client, b"CLIENT SETINFO": RedisSession.client,
+    b"CLIENT NO-EVICT": RedisSession.no_evict_command, b"CLIENT REPLY": RedisSession.reply_command,
+    b"QUIT": RedisSession.quit, b"RESET": RedisSession.reset_command,
+    b"UNSUBSCRIBE": RedisSession.unsubscribe, b"PUNSUBSCRIBE": RedisSession.unsubscribe,
+    b"SUNSUBSCRIBE": RedisSession.unsubscribe,
+}
 
 
 RESP = Resp()

@@ -180,13 +180,16 @@ def test_every_row_names_a_command_redis_server_lists_or_one_newer_than_it(serve
     assert set(commands.COMMANDS) - set(server_commands) == NEWER
 
 
-def test_every_row_has_resp2_reply_types_and_a_kind_with_an_action():
+def test_every_row_has_resp2_reply_types_with_their_resp3_equivalents_and_a_kind_with_an_action():
     actions = {commands.FORWARD, commands.REPLAY, commands.ANSWER, commands.PIN, commands.DEDICATE,
                commands.POLICY, commands.NEVER}
     assert {kind.action for kind in commands.KINDS.values()} == actions
     for row in commands.COMMANDS.values():
-        assert row.replies and set(row.replies) <= set(b"+:$*"), row
+        resp2 = bytes(kind for kind in row.replies if kind in commands.REPLY_TYPES)
+        assert resp2 and row.replies == commands.resp3(resp2), row
         assert row.kind in commands.KINDS, row
+    assert commands.COMMANDS[b"HGETALL"].replies == b"*%~_!|"    # a map in RESP3
+    assert commands.COMMANDS[b"ZSCORE"].replies == b"$=,(_!|"    # a double, or a null
 
 
 def test_redis_servers_own_flags_agree_with_each_rows_kind(server_commands):
@@ -250,6 +253,10 @@ def test_a_command_name_with_a_nul_is_refused_whatever_comes_before_it():
 
 def test_a_reply_fits_a_command_only_if_the_table_declares_its_type_and_an_error_fits_any_row():
     assert RESP.fits(array("GET", "k"), b"$1\r\nv\r\n") and RESP.fits(array("GET", "k"), b"$-1\r\n")
+    assert RESP.fits(array("GET", "k"), b"_\r\n") and RESP.fits(array("HGETALL", "h"), b"%0\r\n")
+    assert RESP.fits(array("GET", "k"), b"!3\r\nERR\r\n")   # RESP3's blob error
+    assert not RESP.fits(array("GET", "k"), b"%0\r\n")
+    assert not RESP.fits(array("GET", "k"), b">0\r\n")   # a push answers no request
     assert not RESP.fits(array("GET", "k"), b"+OK\r\n")
     assert not RESP.fits(array("INCR", "n"), b"$1\r\n1\r\n")
     assert RESP.fits(array("INCR", "n"), b":1\r\n")
@@ -495,17 +502,25 @@ def test_an_option_is_compared_up_to_its_first_nul_as_redis_server_compares_it(r
 
 
 @pytest.mark.parametrize("proxy_kind", PROXIES)
-def test_a_blocking_xreadgroup_hidden_behind_a_consumer_named_streams_is_refused_and_holds_nothing(
+def test_a_blocking_xreadgroup_hidden_behind_a_consumer_named_streams_holds_no_shared_connection(
         redis, control, clients, proxy_kind):
     """Before: the refusal looked for BLOCK before the first STREAMS only; the one connection
-    blocked, and no victim was answered (an XADD through the pool queued behind it)."""
+    blocked, and no victim was answered (an XADD through the pool queued behind it). Now
+    FramedProxy gives the wait a connection of its own (the victim's XADD ends it), and
+    ManagedProxy, which has none to give yet, refuses it."""
     set_up(control, "DEL s", "XGROUP CREATE s g $ MKSTREAM")
     hidden = array("XREADGROUP", "GROUP", "g", "STREAMS", "BLOCK", 0, "STREAMS", "s", ">")
     with PROXIES[proxy_kind](redis) as proxy:
         attacker, victim = clients(proxy.addr, 2)
-        assert attacker.ask(hidden) == [refused(f"XREADGROUP BLOCK {BLOCKS}")]
+        attacker.send(hidden)
+        if proxy_kind == "ManagedProxy":
+            assert attacker.read() == refused(f"XREADGROUP BLOCK {BLOCKS}")
         assert victim.ask(array("XADD", "s", "1-1", "f", "v"), array("PING")) == \
             [b"$3\r\n1-1\r\n", b"+PONG\r\n"]
+        if proxy_kind == "FramedProxy":   # woken by the XADD, on its own connection
+            assert attacker.read() == (b"*1\r\n*2\r\n$1\r\ns\r\n*1\r\n*2\r\n$3\r\n1-1\r\n"
+                                       b"*2\r\n$1\r\nf\r\n$1\r\nv\r\n")
+            assert proxy.opened == 2   # the pool's one, and the wait's own, now closed
 
 
 # --- inline commands redis-server would read otherwise ----------------------------------------
@@ -540,16 +555,22 @@ def test_an_inline_commands_words_are_split_as_redis_server_splits_them(redis):
 
 @pytest.mark.parametrize("proxy_kind", PROXIES)
 def test_requests_redis_server_would_never_answer_are_refused_before_any_borrow_and_hold_nothing(
-        redis, clients, proxy_kind):
+        redis, control, clients, proxy_kind):
     """Before, through FramedProxy: each held the pool's one connection for reply_timeout
     (5 s), and two of them made a victim's PING wait about 5 s; ManagedProxy's stopped."""
     never_answered = [array("REPLCONF", "ACK", 0), b"GET a\x00b\r\n",
                       array("XREADGROUP", "GROUP", "g", "STREAMS", "BLOCK", 0, "STREAMS", "s", ">")]
+    set_up(control, "DEL s")   # no stream, no group g
     with PROXIES[proxy_kind](redis) as proxy:
         attacker, victim = clients(proxy.addr, 2)
         attacker.send(*never_answered)
         started = time.monotonic()
         assert victim.ask(array("PING")) == [b"+PONG\r\n"]
         elapsed = time.monotonic() - started
-        assert [attacker.read()[:15] for _ in never_answered] == [b"-ERR tcp-proxy:"] * 3
+        replies = [attacker.read()[:15] for _ in never_answered]
+    assert replies[:2] == [b"-ERR tcp-proxy:"] * 2
+    # the wait: refused by ManagedProxy; on FramedProxy, on a connection of its own, which
+    # redis-server answers at once (the group g does not exist)
+    waited = b"-ERR tcp-proxy:" if proxy_kind == "ManagedProxy" else b"-NOGROUP No suc"
+    assert replies[2] == waited
     assert elapsed < 1.0, f"{elapsed:.2f} s"

@@ -13,8 +13,8 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import ROOT, need_redis
 from scaffolding import kit, redis_server
-from part3.resp import RESP, Overlong, Parser, reply_size
-from tcp_proxy import LINES, FramedProxy, Frames, Server, read_lines
+from part3.resp import MAX_BULK, RESP, Overlong, Parser, Passed, reply_size
+from tcp_proxy import LINES, FramedProxy, Frames, Head, Piece, Server, read_lines
 
 EXAMPLES = int(os.environ.get("SOAK", "40"))   # `make soak` raises it; the suite stays fast
 
@@ -31,6 +31,32 @@ scalars = st.one_of(
 )
 replies = st.recursive(scalars, lambda elements: st.lists(elements, max_size=4).map(
     lambda items: b"*%d\r\n" % len(items) + b"".join(items)), max_leaves=20)
+
+# RESP3's types besides: a null, a boolean, a double, a big number, a verbatim string, a blob
+# error; then aggregates: an array, a set or a push of n, a map or an attribute of n pairs
+# (an attribute followed by the reply it annotates: one message)
+resp3_scalars = st.one_of(
+    scalars,
+    st.just(b"_\r\n"),
+    st.sampled_from([b"#t\r\n", b"#f\r\n", b",inf\r\n", b",-inf\r\n", b",nan\r\n"]),
+    st.floats(allow_nan=False, allow_infinity=False).map(lambda number: b",%r\r\n" % number),
+    st.integers(-2**90, 2**90).map(lambda number: b"(%d\r\n" % number),   # within a line bound
+    st.binary(max_size=20).map(lambda data: b"=%d\r\ntxt:%s\r\n" % (len(data) + 4, data)),
+    st.binary(max_size=20).map(lambda data: b"!%d\r\n%s\r\n" % (len(data), data)),
+)
+
+
+def resp3_aggregate(elements):
+    listed = st.tuples(st.sampled_from(b"*~>"), st.lists(elements, max_size=4)).map(
+        lambda made: b"%c%d\r\n" % (made[0], len(made[1])) + b"".join(made[1]))
+    pairs = st.tuples(st.sampled_from(b"%|"), st.lists(st.tuples(elements, elements), max_size=3),
+                      elements).map(
+        lambda made: b"%c%d\r\n" % (made[0], len(made[1])) + b"".join(map(b"".join, made[1])) +
+        (made[2] if made[0] == ord("|") else b""))
+    return st.one_of(listed, pairs)
+
+
+resp3_replies = st.recursive(resp3_scalars, resp3_aggregate, max_leaves=20)
 
 
 def frame_stream(chunks):
@@ -109,6 +135,15 @@ def test_a_parser_is_fresh_after_a_whole_common_reply_and_request_and_not_after_
     assert frame_stream_while_fresh([b"$5\r\nhel", b"lo\r\n+OK\r\n"], RESP.reply_parser) == (
         [b"$5\r\nhello\r\n", b"+OK\r\n"], 2)
     assert frame_stream_while_fresh([b"*1\r\n:1\r\n+OK\r\n"], RESP.reply_parser)[1] == 2
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(sent=st.lists(resp3_replies, min_size=1, max_size=5), points=st.lists(st.integers(0, 10**6),
+                                                                            max_size=12))
+def test_any_resp3_replies_cut_anywhere_are_framed_back_exactly_as_sent(sent, points):
+    framed, left = frame_stream_keeping_place(cut(b"".join(sent), points))
+    assert framed == sent and left == b""
+    assert frame_stream(cut(b"".join(sent), points)) == (sent, b"")
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -254,6 +289,61 @@ def test_a_dropping_parser_reads_a_long_reply_in_pieces_once_and_keeps_its_bound
     assert held <= (1 << 16) + 4096
 
 
+# --- a message too long to keep, passed on in pieces as it arrives -------------------------------
+
+def frame_passing(chunks, new_parser):
+    """What FramedProxy does with RESP: Frames over a passing parser. Returns each message as
+    it was handed on (a whole one, or the pieces of a long one joined, with its Passed end) and
+    the most bytes Frames held unread at once."""
+    frames, messages, pieces, held = Frames(new_parser), [], None, 0
+    for chunk in chunks:
+        frames.feed(chunk)
+        while (taken := frames.take()) is not None:
+            if isinstance(taken, Head):
+                assert pieces is None   # a Head starts a long message, and only one
+                pieces = [taken]
+            elif isinstance(taken, Piece):
+                pieces.append(taken)
+            elif isinstance(taken, Passed):
+                messages.append((b"".join(pieces), taken))
+                pieces = None
+            else:
+                assert pieces is None   # nothing whole inside a long message's pieces
+                messages.append((taken, None))
+        held = max(held, len(frames.unread))
+    assert frames.rest() == b"" and pieces is None
+    return messages, held
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(sent=st.lists(resp3_replies, min_size=1, max_size=5), points=cuts)
+def test_a_passing_parser_hands_long_replies_on_in_pieces_that_join_back_to_them_within_its_bound(
+        sent, points):
+    chunks = cut(b"".join(sent), points)
+    messages, held = frame_passing(chunks, lambda: Parser(KEEP, overlong="pass"))
+    assert [message for message, _ in messages] == sent
+    for (message, end), reply in zip(messages, sent):
+        if end is not None:   # passed on: what is known of it, as an Overlong knows it
+            assert (end, end.size, end.limit) == (b"", len(reply), KEEP)
+            assert reply.startswith(end.head) and 0 < len(end.head) <= Overlong.HEAD
+    assert held <= KEEP + max(map(len, chunks)) + 2   # what it keeps, one read, a line's end
+
+
+def test_a_passing_parser_passes_a_value_of_redis_own_limit_and_refuses_a_byte_more_in_a_request():
+    """512 MB: redis-server's proto-max-bulk-len. Its first bytes are a Head at once; the
+    parser keeps none of it (what passes is counted, not held)."""
+    header = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % MAX_BULK
+    frames = Frames(lambda: RESP.request_parser(passing=True))
+    frames.feed(header + b"v" * 4096)
+    head = frames.take()
+    assert isinstance(head, Head) and head == header + b"v" * 4096 and frames.unread == b""
+    reply = Frames(lambda: RESP.reply_parser(passing=True))
+    reply.feed(b"$%d\r\nvvvv" % MAX_BULK)
+    assert isinstance(reply.take(), Head)
+    with pytest.raises(ValueError, match="longer than redis-server takes in a request"):
+        Frames(lambda: RESP.request_parser(passing=True), b"*1\r\n$%d\r\n" % (MAX_BULK + 1)).take()
+
+
 @pytest.mark.parametrize("depth", [1, 2, 3000])
 def test_arrays_nested_deeper_than_pythons_recursion_limit_are_framed(depth):
     reply = b"*1\r\n" * depth + b"$5\r\nhello\r\n"
@@ -275,6 +365,15 @@ def test_arrays_nested_deeper_than_pythons_recursion_limit_are_framed(depth):
     (b"-ERR wrong type\r\n", 17),
     (b":-42\r\n", 6),
     (b"", None),
+    (b"%2\r\n+a\r\n:1\r\n+b\r\n_\r\n", 19),                # RESP3: a map of two pairs
+    (b"%2\r\n+a\r\n:1\r\n+b\r\n", None),
+    (b"~2\r\n#t\r\n,1.5\r\n", 14),                           # a set, a boolean, a double
+    (b">3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$2\r\nhi\r\n", 33),   # a push
+    (b"|1\r\n+ttl\r\n:3\r\n$2\r\nhi\r\n+next\r\n", 22),          # an attribute, then its reply
+    (b"|1\r\n+ttl\r\n:3\r\n", None),                           # an attribute alone is no reply
+    (b"=8\r\ntxt:abcd\r\n(12345678901234567890123\r\n", 14),   # a verbatim string
+    (b"!9\r\nERR\r\nsome\r\n", 15),                           # a blob error may hold \r\n
+    (b"_\r\n", 3),
 ], ids=lambda value: repr(value) if isinstance(value, bytes) else str(value))
 def test_reply_size_by_hand(buffer, size):
     assert RESP.reply_size(buffer) == size
@@ -288,10 +387,19 @@ def test_reply_size_by_hand(buffer, size):
     b"+OK\n",                # a bare \n
     b"\r\n",
     b"$2000000\r\n",         # longer than max_reply: it could never be buffered
+    b"%-1\r\n", b"~-1\r\n", b"=-1\r\n", b"=3\r\ntxt\r\n", b"#x\r\n", b"_x\r\n", b",1,5\r\n",
+    b"(1.5\r\n", b".\r\n", b"%1000000\r\n",
 ])
 def test_bytes_no_reply_starts_with_are_a_value_error(buffer):
     with pytest.raises(ValueError):
         RESP.reply_size(buffer)
+
+
+@pytest.mark.parametrize("streamed", [b"$?\r\n;4\r\nhell\r\n;0\r\n", b"*?\r\n:1\r\n.\r\n",
+                                      b"%?\r\n", b"~?\r\n"])
+def test_a_streamed_resp3_message_is_refused_saying_redis_server_never_sends_one(streamed):
+    with pytest.raises(ValueError, match="a streamed RESP3 message .*redis-server never sends one"):
+        RESP.reply_size(streamed)
 
 
 def test_fits_wants_one_whole_reply_of_a_type_the_command_can_get():

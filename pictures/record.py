@@ -14,7 +14,7 @@ from unittest import mock
 
 import demo
 from part2 import managed
-from part3 import part3_demo, tagged
+from part3 import lending, part3_demo, tagged
 from scaffolding import faults, kit
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
 
@@ -65,6 +65,8 @@ class Recorder(contextlib.ExitStack):
         self.tap(FramedProxy, "handle", before=lambda proxy, conn: self.note(conn=conn))
         self.tap(FramedProxy, "exchange", before=lambda proxy, request: self.note(
             client=self.peer(self.thread.conn), request=request))
+        self.tap(lending.Lending, "exchange", before=lambda lender, session, request, *rest:
+                 self.note(client=self.peer(self.thread.conn), request=request))   # a Redis pool's
         return super().__enter__()
 
     def log(self, happened):

@@ -23,11 +23,12 @@ class TrustingPool(FramedProxy):
         super().__init__(upstream_addr, pool_cap=pool_cap, framing=framing)
         self.leftovers = {}   # upstream socket -> bytes read past its last reply
 
-    def read_reply(self, sock, buffer=b""):
-        reply, self.leftovers[sock] = super().read_reply(sock, self.leftovers.get(sock, b""))
+    def read_reply(self, sock, buffer=b"", passing=None):
+        reply, self.leftovers[sock] = super().read_reply(sock, self.leftovers.get(sock, b""),
+                                                         passing)
         return reply, b""
 
-    def in_step(self, request, reply, rest):
+    def in_step(self, request, reply, rest, fits=None):
         return True
 
     def quiet(self, sock):
