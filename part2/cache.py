@@ -2,14 +2,16 @@
 
     call_back()          how every callback of Part two is made: one that raises changes
                          nothing but its owner's callback_errors (the first is logged)
+    QuietHooks, Tallied  Hooks whose bumps take no lock; Tallied's, from any thread
     ReliabilityCache     counts errors in a row per port; disables a port (and under a
                          host policy its host) for 1, 2, 4 ... 64 s; derive() makes a
                          cache whose errors also count in its parent
     global_rcache()      the shared one, policy "none" (it never disables) until configured
 
-A cache may be shared by several loops and threads: its writes hold its lock; its
-reads (is_enabled(), asked on every pick) take none, since each reads one entry's
-fields, which a write replaces whole or sets one at a time.
+A cache may be shared by several loops and threads: a write to its entries holds its lock;
+its reads (is_enabled(), asked on every pick) take none, since each reads one entry's
+fields, which a write replaces whole or sets one at a time; and its counters (a success is
+counted on every read that brings a reply) are tallies, which take no lock either.
 """
 import collections
 import logging
@@ -42,6 +44,55 @@ def call_back(owner, function, *args, otherwise=None):
                           "counted, in callback_errors)", type(owner).__name__)
         owner.count("callback_errors")
         return otherwise
+
+
+# --- counters with no lock ----------------------------------------------------
+
+class QuietHooks(Hooks):
+    """Hooks whose bumps take no lock while no one waits: a waiter counts itself in, under
+    the hook's condition, before it first looks at the counter, so a bump that finds no
+    waiter came before that look (which sees it), and one that finds a waiter wakes it
+    (loop.Counted, once a turn; Tallied, at once). A subclass bumps with no lock."""
+
+    def __init__(self):
+        super().__init__()
+        self.waiters = 0   # threads in wait_until(); changed under the hook's condition
+
+    def wait_until(self, ready, what, timeout=None):
+        with self._changed:
+            self.waiters += 1
+            try:
+                if not self._changed.wait_for(ready, timeout or self.hook_timeout):
+                    raise TimeoutError(f"gave up waiting for {what}: {self!r}")
+            finally:
+                self.waiters -= 1
+
+
+class Tallied(QuietHooks):
+    """QuietHooks whose counters several threads bump: the global cache is every set's
+    parent, so every loop bumps it, and `+=` from two threads can lose a bump. Each thread
+    adds to a tally of its own (one writer each); a counter reads as the sum of the tallies."""
+
+    def __init__(self):
+        super().__init__()
+        for name in self.counters:   # read through __getattr__, as the sum of the tallies
+            del self.__dict__[name]
+        self._tallies = {}   # thread ident -> {counter: bumps}, each written by its thread alone
+
+    def count(self, name, amount=1):
+        tally = self._tallies.get(threading.get_ident())
+        if tally is None:   # this thread's first bump
+            tally = self._tallies[threading.get_ident()] = dict.fromkeys(self.counters, 0)
+        tally[name] += amount
+        if self.waiters:
+            with self._changed:
+                self._changed.notify_all()
+
+    def __getattr__(self, attribute):   # only for names not found otherwise
+        if attribute in type(self).counters:
+            tallies = list(self._tallies.values())   # one copy: a thread may add its own meanwhile
+            return self.counters[attribute] + sum(tally[attribute] for tally in tallies)
+        return super().__getattr__(attribute)
 
 
 # --- the reliability cache ---------------------------------------------------
@@ -77,7 +128,7 @@ class HostEntry:
         self.ports = set()   # the (ip, port)s whose windows disabled this host
 
 
-class ReliabilityCache(Hooks):
+class ReliabilityCache(Tallied):
     """Which ports (and hosts) have failed lately, and until when they are disabled.
 
     An entry exists only while a port keeps failing: a success deletes it. Errors

@@ -3,7 +3,7 @@
     ManagedError and its five subclasses   the failures a caller can see
     check_request(), check_addr()          what a request and an address must be
     Run      requests that travel together, their replies owed in order: a thread's one
-             call, or what one proxy client sent in one turn; its sink hears the outcome
+             call, or what the proxy's clients sent in one turn; its sink hears the outcome
     Owing    what an event shows of a run: its requests, and whether it was abandoned
     Call     a thread's blocking call: the sink of its run, and what the thread waits on
 
@@ -77,14 +77,16 @@ class Run:
     """Requests written together on one connection; their replies come in the same order.
 
     A run is one entry of a connection's queue of owed replies, however many requests it
-    holds: a proxy client's requests framed in one turn go as one run. Its deadline (the
+    holds: what the proxy's clients sent in one turn goes as one run. Its deadline (the
     time it was placed, plus the message timeout) is the connection's while it is the
     oldest run owed. An abandoned run timed out without ending its connection: its
     replies are still owed, and thrown away as they come."""
-    __slots__ = ("requests", "answered", "sink", "deadline", "abandoned", "overdue_at", "is_ping")
+    __slots__ = ("requests", "data", "answered", "sink", "deadline", "abandoned", "overdue_at",
+                 "is_ping")
 
-    def __init__(self, requests, sink, deadline=None, is_ping=False):
+    def __init__(self, requests, sink, deadline=None, is_ping=False, data=None):
         self.requests = requests   # whole requests, in the order they are written
+        self.data = b"".join(requests) if data is None else data   # the same, end to end
         self.answered = 0          # how many have had their reply (or were failed)
         self.sink = sink
         self.deadline = deadline

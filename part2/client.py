@@ -70,6 +70,7 @@ class ManagedClient(Counted):
         self.clock, self.on_event, self.late_replies = self.loop.clock, on_event, late_replies
         self.state = "down"
         self.connection = None      # the Connection of states connecting and up
+        self.picked = 0             # requests a set's batch picked it for, not yet placed
         self.transition_log = collections.deque(maxlen=TRANSITIONS_KEPT)   # (from, to, reason)
         self._shut = False
         if self.own_loop:
@@ -77,9 +78,10 @@ class ManagedClient(Counted):
 
     @property
     def pending_calls(self):
-        """Requests placed and not yet settled, abandoned ones (their replies still owed) too."""
+        """Requests placed and not yet settled, abandoned ones (their replies still owed) too,
+        and those a set's batch picked it for (placed once the batch is formed)."""
         connection = self.connection
-        return connection.pending if connection else 0
+        return (connection.pending if connection else 0) + self.picked
 
     # -- a thread's call --
 

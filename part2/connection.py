@@ -128,7 +128,7 @@ class Connection:
         self.pipeline.queue(run)
         self.client.sent += len(run.requests)
         if self.client.on_event:
-            self.client._tell("sent", self, b"".join(run.requests))
+            self.client._tell("sent", self, run.data)
         if not self.flushing:
             self.loop.flush_soon(self)
 

@@ -1,9 +1,10 @@
 """loop: the one event loop Part two runs on, after Ocamlnet's event system (esys).
 
     Loop       a selector, the deadlines it keeps on an injected clock, and one turn:
-               read what is readable, take what other threads handed over, fire the
-               deadlines the clock has passed, one send per socket with bytes waiting,
-               then the turn's callbacks, completions and hook wake-ups, in that order
+               read what is readable, place what the reads gathered, take what other
+               threads handed over, fire the deadlines the clock has passed, one send
+               per socket with bytes waiting, then the turn's callbacks, completions
+               and hook wake-ups, in that order
     Counted    tcp_proxy's Hooks for what the loop owns: its counters are plain integers
                the loop bumps, and their waiters are woken once per turn, not per event
 
@@ -24,10 +25,9 @@ import selectors
 import socket
 import threading
 
-from part2.cache import call_back
+from part2.cache import QuietHooks, call_back
 from part2.calls import ManagedError
 from part2.clock import RealClock
-from tcp_proxy import Hooks
 
 LOG = logging.getLogger("part2.managed")
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
@@ -45,39 +45,29 @@ class Timer:
         self.cancelled = True
 
 
-class Counted(Hooks):
+class Counted(QuietHooks):
     """Hooks for an object the loop owns. Its counters are plain integers, bumped on the
     loop's thread with no lock; the waiters of wait_<counter>() are woken once per turn,
-    at its end, and only if there are any (a waiter counts itself in, under the hook's
-    condition, before it first looks at the counter: a bump after that look is seen)."""
+    at its end, and only if there are any (see QuietHooks)."""
 
     def __init__(self, loop):
         super().__init__()
         self.loop = loop
-        self.waiters = 0   # threads in wait_until(); changed under the hook's condition
         loop.counted.append(self)
 
     def count(self, name, amount=1):
         setattr(self, name, getattr(self, name) + amount)
-
-    def wait_until(self, ready, what, timeout=None):
-        with self._changed:
-            self.waiters += 1
-            try:
-                if not self._changed.wait_for(ready, timeout or self.hook_timeout):
-                    raise TimeoutError(f"gave up waiting for {what}: {self!r}")
-            finally:
-                self.waiters -= 1
 
 
 class Loop(Counted):
     """A selector, a heap of deadlines, and the turn that serves them (see the module's map).
 
     What a handler registered with watch() may rely on: it is called with the events that
-    are ready, on the loop's thread; flush_soon(writer) has writer.flush() called once,
-    in this turn's send phase; queue_callback() makes a callback after the turn's work,
-    with no state half changed; an exception in any of them is logged and counted
-    (handler_errors), and the turn goes on."""
+    are ready, on the loop's thread; after_reads(function) has function() called once
+    the turn's reads are over (a proxy places what they gathered); flush_soon(writer) has
+    writer.flush() called once, in this turn's send phase; queue_callback() makes a
+    callback after the turn's work, with no state half changed; an exception in any of
+    them is logged and counted (handler_errors), and the turn goes on."""
     counters = {"turns": 0, "handler_errors": 0}
     # turns           turns run; bumped at the end of each
     # handler_errors  handlers, timers or handed functions that raised; logged, the turn went on
@@ -96,6 +86,7 @@ class Loop(Counted):
         self._handing = threading.Lock()     # guards `stopped` against a hand() racing the end
         self._timers = []         # heap of (when, sequence, Timer)
         self._sequence = itertools.count()   # orders timers of the same instant as they were set
+        self._after_reads = []    # functions to call once this turn's reads are over
         self._writers = []        # objects whose flush() this turn's send phase calls
         self._callbacks = []      # (owner, function, args) for the end of the turn
         self.finished = []        # Calls completed this turn; their threads wake at its end
@@ -139,6 +130,11 @@ class Loop(Counted):
         timer = Timer(when, function)
         heapq.heappush(self._timers, (when, next(self._sequence), timer))
         return timer
+
+    def after_reads(self, function):
+        """function() once this turn's reads are over, before anything else in it (listed
+        after that, in the next turn's)."""
+        self._after_reads.append(function)
 
     def flush_soon(self, writer):
         """writer.flush() in this turn's send phase (writer.flushing says it is listed)."""
@@ -231,7 +227,7 @@ class Loop(Counted):
         clock = self.clock
         self.working = True
         timeout = 0
-        if block and not self._handed and not self._writers:   # else work is waiting: no wait
+        if block and not (self._handed or self._after_reads or self._writers):   # else no wait
             timeout = clock.timeout_until(self._next_deadline())
             timeout = SELECT_MAX if timeout is None or timeout > SELECT_MAX else timeout
         for key, events in self.selector.select(timeout):
@@ -239,6 +235,9 @@ class Loop(Counted):
                 key.data(events)
             except Exception:   # a bug in a handler: logged, counted; the turn goes on
                 self._raised()
+        after_reads, self._after_reads = self._after_reads, []
+        for function in after_reads:
+            self._safely(function)
         while self._handed:
             function, args = self._handed.popleft()
             self._safely(function, *args)

@@ -4,11 +4,14 @@
                                 first, and which client of a service (or a new one)
     Attempts                    one call's attempts: pick, place, and what its errors
                                 say next (retry now, after idempotent_wait, or give up)
+    Batch                       the first attempts of a turn's proxy entries picked for
+                                one client: one run; if it fails, each entry goes on alone
     ManagedSet                  the clients per service, pick(), call(), idempotent_call(),
-                                place() (the proxy's way in), shut_down()
+                                place(), place_batch() (the proxy's way in), shut_down()
 
-The pick runs on the loop, and the run it picks for is placed in the same step: the
-loads it reads are the loads, so there is nothing to reserve and nothing to lock.
+The pick runs on the loop, and the run it picks for is placed in the same step (a batch:
+in the same turn's placing, which counts what it has picked): the loads it reads are the
+loads, so there is nothing to reserve and nothing to lock.
 """
 from part2.cache import global_rcache
 from part2.calls import (Call, ClusterServiceUnavailable, CommunicationError, ManagedError,
@@ -17,6 +20,7 @@ from part2.calls import (Call, ClusterServiceUnavailable, CommunicationError, Ma
 from part2.client import ManagedClient
 from part2.clock import check_seconds
 from part2.loop import Counted, Loop
+from part2.pipeline import hand_out
 from tcp_proxy import LINES
 
 
@@ -59,13 +63,13 @@ class Attempts:
     order and, if the attempts give up, the last error."""
     __slots__ = ("owner", "requests", "sink", "retried", "number", "tried", "index", "answered")
 
-    def __init__(self, owner, requests, sink, retried):
+    def __init__(self, owner, requests, sink, retried, number=0, index=None, answered=0):
         self.owner = owner     # the ManagedSet
         self.requests, self.sink, self.retried = requests, sink, retried
-        self.number = 0        # attempts made
+        self.number = number   # attempts made (a batch's entry: its batch made the first)
         self.tried = ()        # services the attempts that failed were sent to (then a set)
-        self.index = None      # the service of the attempt under way (None: none was picked)
-        self.answered = 0      # requests whose replies have come (an attempt retries the rest)
+        self.index = index     # the service of the attempt under way (None: none was picked)
+        self.answered = answered   # requests whose replies have come (a retry sends the rest)
 
     def replied(self, run, replies):
         self.answered += len(replies)
@@ -75,6 +79,49 @@ class Attempts:
 
     def failed(self, run, error):
         self.owner._attempt_failed(self, error)
+
+
+class Batch:
+    """The first attempts of a turn's proxy entries picked for one client, as one run: every
+    entry's requests end to end, `owners` the entry each request is for. Its replies go to
+    their clients in one loop (pipeline.hand_out()). If the run fails, each entry it leaves
+    owed goes on alone, as Attempts whose first attempt failed: retried or failed as if it
+    had been placed alone, in its client's order."""
+    __slots__ = ("owner", "index", "retried", "entries", "owners", "requests", "answered")
+
+    def __init__(self, owner, index, retried):
+        self.owner, self.index, self.retried = owner, index, retried
+        self.entries = []    # in the order the turn read them
+        self.owners = []     # per request, the entry it is for
+        self.requests = []
+        self.answered = 0    # requests whose replies have come
+
+    def add(self, entry):
+        self.entries.append(entry)
+        self.owners += [entry] * len(entry.requests)
+        self.requests += entry.requests
+
+    def run(self, deadline):
+        data = b"".join([entry.data for entry in self.entries])   # each entry's bytes as they came
+        return Run(self.requests, self, deadline, data=data)
+
+    def replied(self, run, replies):
+        first = self.answered
+        self.answered += len(replies)
+        owners = self.owners[first:self.answered]
+        hand_out(owners, replies)
+        if self.owner.on_event:   # an entry answered whole: its attempt is over, and ok
+            for entry in dict.fromkeys(owners):
+                if not entry.left:
+                    self.owner._note("attempt", 1, self.index, "ok")
+
+    def failed(self, run, error):
+        for entry in self.entries:
+            if entry.left:   # owed a reply still: it goes on alone
+                answered = len(entry.requests) - entry.left
+                attempts = Attempts(self.owner, entry.requests, entry, self.retried, 1,
+                                    self.index, answered)
+                self.owner._attempt_failed(attempts, error)
 
 
 class ManagedSet(Counted):
@@ -211,6 +258,30 @@ class ManagedSet(Counted):
         """On the loop: send requests (whole ones, in order) through the set; sink hears
         their replies in order, or the error the attempts gave up with."""
         self._attempt(Attempts(self, requests, sink, retried))
+
+    def place_batch(self, entries, retried=RETRIED_BY_CALL):
+        """On the loop, once a turn's reads are over: the first attempts of the entries they
+        made (proxy clients' requests), one run per client picked (a Batch), so a turn pays
+        one pick, run and placing per connection, not per entry. With a choice of clients,
+        each entry is picked for, what this turn picked counting as pending."""
+        self.attempts += len(entries)
+        batches = {}   # client -> its Batch, in the order first picked
+        batch = None
+        for entry in entries:
+            if batch is None or self.lone is None:   # one connection, no choice: one pick a turn
+                try:
+                    client, index = self._pick(())
+                except ManagedError as error:   # refused, or shut down: it goes on alone
+                    self._attempt_failed(Attempts(self, entry.requests, entry, retried, 1), error)
+                    continue
+                batch = batches.get(client)
+                if batch is None:
+                    batch = batches[client] = Batch(self, index, retried)
+            batch.add(entry)
+            client.picked += entry.left
+        for client, batch in batches.items():
+            client.picked = 0
+            client.place(batch.run(client.deadline()))
 
     def _attempt(self, attempts):
         attempts.number += 1

@@ -6,11 +6,12 @@
                   handed to that request's run, oldest first; lose() turns every reply
                   still owed into an error, in order
     OutOfStep     what feed() raises when the upstream says what no request asked for
-    Entry         a place in a proxy client's order: the sink of one run, which writes
-                  its replies into the client's bytes once the places before it are
+    Entry         a place in a proxy client's order: what it sent in one read, whose
+                  replies go into the client's bytes once the places before it are
+    hand_out()    the one loop that does so, for the replies of many entries at once
     ClientStream  one proxy client: its bytes in, whole requests out (framed by
-                  tcp_proxy.Frames, admitted by the framing's session), grouped as runs;
-                  the replies to them out as bytes, in the client's own order
+                  tcp_proxy.Frames, admitted by the framing's session), grouped as
+                  entries; the replies to them out as bytes, in the client's own order
 
 No socket, thread, clock or lock: the connection and the proxy drive them from the loop,
 and the tests drive them with bytes. A reply can only settle the oldest request owed: the
@@ -55,9 +56,8 @@ class Pipeline:
 
     def queue(self, run):
         """A run's requests go out after every request queued before them."""
-        requests = b"".join(run.requests)
-        self.out += requests
-        self.queued += len(requests)
+        self.out += run.data
+        self.queued += len(run.data)
         self.owed.append(run)
         self.unwritten.append((self.queued, run))
 
@@ -134,36 +134,24 @@ class Pipeline:
 
 
 class Entry:
-    """One place in a proxy client's order, taken as it is made: a run of its requests, or
-    the bytes the pool answered itself. The sink of that run: a reply to the oldest entry
-    waiting goes to the stream's bytes at once; one to a later entry is parked until the
-    entries before it are written."""
-    __slots__ = ("stream", "requests", "left", "parked")
+    """One place in a proxy client's order, taken as it is made: requests it sent in one
+    read, or the bytes the pool answered itself. The sink of a run of those requests (or
+    one of a batch's, see hand_out()): a reply to the oldest entry waiting goes to the
+    stream's bytes at once; one to a later entry is parked until the entries before it
+    are written."""
+    __slots__ = ("stream", "requests", "data", "left", "parked")
 
-    def __init__(self, stream, requests, answer=None):
+    def __init__(self, stream, requests, answer=None, data=None):
         self.stream = stream
         self.requests = requests       # what goes upstream ([] for an answer of the pool's)
+        self.data = b"".join(requests) if data is None else data   # the same, end to end
         self.left = len(requests)      # requests still owed a reply or an error
         self.parked = [] if answer is None else [answer]   # what waits for the entries before
         stream.owed += self.left
         stream.waiting.append(self)
 
     def replied(self, run, replies):
-        stream, count = self.stream, len(replies)
-        self.left -= count
-        stream.owed -= count
-        stream.counts.answered += count
-        if self is not stream.waiting[0]:
-            self.parked += replies   # written once the entries before it are
-            return
-        out = stream.out
-        for reply in replies:
-            out += reply
-        stream.writable()
-        if not self.left:
-            stream.waiting.popleft()
-            if stream.waiting:
-                stream.advance()
+        hand_out([self] * len(replies), replies)
 
     def failed(self, run, error):
         stream = self.stream
@@ -177,6 +165,30 @@ class Entry:
             self.parked += [message] * self.left
         self.left = 0
         stream.advance()
+
+
+def hand_out(entries, replies):
+    """Each reply to the entry beside it (the two lists in step, in the order the replies
+    came), whatever its client: into the client's bytes at once if that entry is the oldest
+    its client waits for, else parked until the entries before it are written. One loop for
+    a batch's replies: no call per reply but the one that gives a client its first bytes."""
+    for entry, reply in zip(entries, replies):
+        stream = entry.stream
+        entry.left -= 1
+        stream.owed -= 1
+        stream.counts.answered += 1
+        if entry is not stream.waiting[0]:
+            entry.parked.append(reply)   # written once the entries before it are
+            continue
+        out = stream.out
+        idle = not out   # no send arranged yet: the stream is told (see writable())
+        out += reply
+        if idle:
+            stream.writable()
+        if not entry.left:
+            stream.waiting.popleft()
+            if stream.waiting:
+                stream.advance()
 
 
 class ClientStream:
@@ -199,10 +211,12 @@ class ClientStream:
         self.ended = False         # a request could not be framed: nothing more is read
 
     def feed(self, data):
-        """The client's bytes; return the entries to send upstream, in order."""
+        """The client's bytes; return the entries to send upstream, in order. Bytes that are
+        whole requests, every one sent on, are the entry's bytes as they came."""
         if self.ended:
             return []
         frames, admit = self.frames, self.session.admit
+        plain = not frames.unread   # no request begun before: its bytes may be all requests
         frames.feed(data)
         taken, error = frames.take_all()
         entries, requests = [], []
@@ -211,13 +225,15 @@ class ClientStream:
             if answer is None:
                 requests.append(request)
             else:
+                plain = False
                 requests = self._answer(entries, requests, answer)
         if error is not None:   # the framing's: nothing after it can be framed
             self.ended = True
             self._answer(entries, requests, self.framing.error(str(error)))
             return entries
-        if requests:
-            entries.append(Entry(self, requests))   # owed replies: nothing to write yet
+        if requests:   # owed replies: nothing to write yet
+            whole = plain and not frames.unread
+            entries.append(Entry(self, requests, data=bytes(data) if whole else None))
         return entries
 
     def _answer(self, entries, requests, answer):
@@ -244,7 +260,8 @@ class ClientStream:
             waiting.popleft()
 
     def writable(self):
-        """Bytes were added to out: a subclass with a socket arranges their send."""
+        """Bytes were added to out: a subclass with a socket arranges their send. Bytes added
+        to an out that holds some already need not say so: their send is arranged."""
 
     def done(self):
         """Nothing more to write: every entry answered and its bytes taken."""

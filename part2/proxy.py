@@ -1,16 +1,18 @@
 """proxy: ManagedProxy, twemproxy's shape built from the lesson's parts, on one loop.
 
     ManagedProxy   a listener and every client connection on the set's loop; each client's
-                   requests framed, admitted by the framing's session and pipelined in
-                   order through a ManagedSet; close() ends it all
+                   requests framed, admitted by the framing's session, gathered over
+                   the turn's reads and pipelined in order through a ManagedSet; close()
+                   ends it all
     ProxyClient    one client connection: a ClientStream (pipeline.py) and its socket,
                    read while its replies keep up, written once per turn
 
 The order a request takes: the turn reads the client -> ClientStream.feed(): framed
 (tcp_proxy.Frames), admitted (framing.session().admit(): None sends it on, bytes are the
-pool's own answer) -> one run per client per turn -> ManagedSet.place(): pick, the
-connection's queue -> one send upstream in the turn's send phase -> the replies, read,
-fit-checked, handed to each client in its own order -> one send per client.
+pool's own answer) -> an entry per client per turn, gathered -> once the reads are over,
+ManagedSet.place_batch(): one pick, one run per connection for every client's entries,
+the connection's queue -> one send upstream in the turn's send phase -> the replies,
+read, fit-checked, handed to each client in its own order -> one send per client.
 """
 import contextlib
 import socket
@@ -33,8 +35,8 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
     """Many clients' requests over a ManagedSet's connections, pipelined, on one loop.
 
     It pipelines by default, as Ocamlnet's set does (pending_calls_max has no limit):
-    each client's requests framed in one turn go as one run on one connection, after
-    every other client's (a client below pending_calls_max takes a run whole); replies
+    what every client sent in one turn goes as one run per connection, each client's
+    requests whole and in its order (a client below pending_calls_max takes them); replies
     are matched in order, each checked by the framing's fit. A lost, extra or mismatched
     reply is caught as out of step and costs the calls on that connection an error, never
     another client's reply. A shared pipeline never waits for ever: msg_timeout (5 s,
@@ -59,6 +61,7 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
         if idempotent:
             self.retried = ManagedSet.RETRIED_BY_IDEMPOTENT_CALL
         self.clients = set()
+        self.gathered = []   # entries this turn's reads made, placed once the reads are over
         self.closed = False
         try:   # a setting the set refuses, or a listen that fails, leaves nothing open
             self.managed_set = ManagedSet(services, framing=framing, msg_timeout=msg_timeout,
@@ -94,6 +97,17 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
                 self.count("connections")
             except Exception:
                 sock.close()
+
+    def gather(self, entries):
+        """A client's entries, read in this turn: placed with every other client's once the
+        turn's reads are over, in the order read."""
+        if not self.gathered:
+            self.loop.after_reads(self._place_gathered)
+        self.gathered += entries
+
+    def _place_gathered(self):
+        entries, self.gathered = self.gathered, []
+        self.managed_set.place_batch(entries, self.retried)
 
     def _listen_again(self):
         if not self.closed:
@@ -139,7 +153,7 @@ class ProxyClient(ClientStream):
         self.loop.want(self, READ)
 
     def ready(self, events):
-        """What the turn found: a read, whose requests are placed at once; or room to write."""
+        """What the turn found: a read, whose requests are gathered; or room to write."""
         if events & WRITE:
             self.loop.flush_soon(self)
         if not events & READ:
@@ -152,10 +166,8 @@ class ProxyClient(ClientStream):
             data = b""
         if not data:
             self.eof = True
-        else:
-            place, retried = self.proxy.managed_set.place, self.proxy.retried
-            for entry in self.feed(data):
-                place(entry.requests, entry, retried)
+        elif entries := self.feed(data):
+            self.proxy.gather(entries)
         if self.out or self.eof or self.ended or self.owed >= OWED_MAX:   # else its replies will
             self.loop.flush_soon(self)   # the send phase writes, stops reading it, or closes it
 

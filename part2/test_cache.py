@@ -1,6 +1,7 @@
 """The reliability cache's claims (part2/cache.py): windows, thresholds, policies, derived
 caches, settings and callbacks, each pinned with exact figures, on a VirtualClock."""
 import inspect
+import threading
 
 import pytest
 from hypothesis import given, settings
@@ -8,6 +9,7 @@ from hypothesis import strategies as st
 
 from part2 import cache as caches
 from part2.managed import ManagedClient, RealClock, ReliabilityCache, VirtualClock
+from part2.managed_demo import in_background
 
 A, B = ("127.0.0.2", 7001), ("127.0.0.2", 7002)   # cache keys only: nothing listens there
 OTHER_HOST = ("127.0.0.3", 7001)
@@ -181,6 +183,42 @@ def test_global_cache_has_no_effect_until_configured_then_changes_in_place_for_e
         caches.set_global_rcache_config(policy="none", clock=RealClock())
         caches.global_rcache().record_success(A)
         client.shut_down()
+
+
+# --- counters ---------------------------------------------------------------------------
+
+class Unlockable:
+    """A hook's condition that may not be taken: entering it is a test failure."""
+
+    def __enter__(self):
+        raise AssertionError("a counter's bump took the hook's condition")
+
+
+def test_a_success_counted_while_no_one_waits_takes_no_lock_here_or_in_the_parent():
+    parent = ReliabilityCache()
+    child = parent.derive()
+    for cache in (parent, child):
+        cache._changed = Unlockable()
+    child.record_success(A)
+    child.record_success(A)
+    assert (child.successes, parent.successes) == (2, 2)
+
+
+def test_the_caches_counters_lose_no_bump_from_threads_bumping_at_once_and_wake_a_waiter():
+    parent = ReliabilityCache()
+    child = parent.derive()
+    waiter = in_background(lambda: parent.wait_successes(4 * 5000) or "woke")
+
+    def bump():
+        for _ in range(5000):
+            child.record_success(A)
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert waiter.result() == "woke" and (child.successes, parent.successes) == (20000, 20000)
+    assert parent.waiters == 0 and repr(parent).startswith("<ReliabilityCache errors=0, successes=20000")
 
 
 # --- settings --------------------------------------------------------------------------

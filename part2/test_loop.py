@@ -1,7 +1,7 @@
 """The clocks' and the loop's claims (part2/clock.py, part2/loop.py): time moves only in
-advance(), which wakes the loop; a turn runs what other threads handed over, fires the
-deadlines passed, sends once per writer, then makes its callbacks, its completions and
-its hook wake-ups; no error ends a turn."""
+advance(), which wakes the loop; a turn reads, places what the reads gathered, runs what
+other threads handed over, fires the deadlines passed, sends once per writer, then makes
+its callbacks, its completions and its hook wake-ups; no error ends a turn."""
 import math
 import re
 import socket
@@ -141,6 +141,35 @@ def test_a_socket_handler_or_a_writer_that_raises_is_counted_and_the_others_stil
     loop.shut_down()   # it closes the sockets it watches
     for _, theirs in pairs:
         theirs.close()
+
+
+def test_what_the_reads_list_after_reads_runs_once_they_are_over_before_the_rest_of_the_turn():
+    loop, order = Loop(), []
+    ours, theirs = socket.socketpair()
+
+    class Logged(Writer):
+        def flush(self):
+            order.append("send")
+            loop.after_reads(lambda: order.append("listed in the send phase"))
+
+    def read(events):
+        ours.recv(1)
+        order.append("read")
+        loop.after_reads(lambda: order.append("placed"))
+        loop.after_reads(lambda: 1 / 0)   # a bug in one: counted, the others still run
+        loop.after_reads(lambda: order.append("placed too"))
+    loop.watch(ours, READ, read)
+    theirs.send(b"x")
+    loop.hand(order.append, "handed")
+    loop.at(loop.clock.now(), lambda: order.append("deadline"))
+    loop.flush_soon(Logged([], False))
+    loop.run_once()
+    assert order == ["read", "placed", "placed too", "handed", "deadline", "send"]
+    assert loop.handler_errors == 1
+    loop.run_once()   # what the send phase listed: the next turn's, which does not wait for it
+    assert order[-1] == "listed in the send phase"
+    loop.shut_down()
+    theirs.close()
 
 
 def test_a_handler_that_raises_is_logged_once_counted_and_the_turn_goes_on(caplog):

@@ -9,10 +9,11 @@ import pytest
 from part2.managed import (ClusterServiceUnavailable, CommunicationError, ManagedSet, MessageLost,
                            ReliabilityCache, VirtualClock, global_rcache)
 from part2.managed_demo import in_background, outcome
-from part2.managed_set import choose, service_order
+from part2.managed_set import Batch, choose, service_order
+from part2.pipeline import ClientStream, Pipeline
 from part2.test_connection import closed_port_addr
 from scaffolding.faults import FaultyUpstream
-from tcp_proxy import Hooks
+from tcp_proxy import LINES, Hooks, answer
 
 A, B = ("127.0.0.2", 7001), ("127.0.0.2", 7002)   # nothing listens there
 OTHER_HOST = ("127.0.0.3", 7001)
@@ -194,6 +195,61 @@ def test_shut_down_cuts_a_retry_wait_short():
         started = time.monotonic()
         managed_set.shut_down()
         assert call.result() == "ManagedError: set shut down" and time.monotonic() - started < 5
+
+
+# --- a turn's entries, in batches -------------------------------------------------------------
+
+class Counts:
+    answered = failed = 0
+
+
+class Owner:
+    """Stands in for a set: what each entry a failed batch left owed went on with."""
+    on_event = None
+
+    def __init__(self):
+        self.alone = []
+
+    def _attempt_failed(self, attempts, error):
+        owed = attempts.requests[attempts.answered:]
+        self.alone.append((attempts.sink, owed, attempts.number, attempts.index, type(error)))
+
+
+def test_a_batch_is_one_run_of_its_entries_bytes_and_if_it_fails_each_entry_goes_on_alone():
+    streams = [ClientStream(LINES, Counts()) for _ in range(2)]
+    (first,), (second,) = streams[0].feed(b"GET a\nGET b\n"), streams[1].feed(b"GET c\n")
+    owner = Owner()
+    batch = Batch(owner, 0, ManagedSet.RETRIED_BY_CALL)
+    for entry in (first, second):
+        batch.add(entry)
+    run = batch.run(deadline=None)
+    assert run.data == b"GET a\nGET b\nGET c\n"
+    assert run.requests == [b"GET a\n", b"GET b\n", b"GET c\n"]
+    core = Pipeline(LINES, lambda run, replies, first: None)
+    core.queue(run)
+    core.feed(answer(b"GET a"))   # the first entry's first reply, then the connection is lost
+    core.lose(MessageLost("upstream closed the connection"))
+    assert bytes(streams[0].out) == answer(b"GET a") and streams[1].out == bytearray()
+    assert owner.alone == [(first, [b"GET b\n"], 1, 0, MessageLost),
+                           (second, [b"GET c\n"], 1, 0, MessageLost)]   # in the batch's order
+
+
+def test_a_turns_entries_with_a_choice_of_clients_are_picked_one_by_one_and_make_a_run_per_client():
+    with FaultyUpstream(every="skip") as silent:   # every call stays pending
+        managed_set = ManagedSet([(silent.addr, 3)])
+        streams = [ClientStream(LINES, Counts()) for _ in range(4)]
+        entries = [stream.feed(b"GET %d\n" % number)[0] for number, stream in enumerate(streams)]
+        managed_set.loop.ask(managed_set.place_batch, entries)
+        clients = managed_set.clients[0]
+        # picked as one by one: a new client each, while there is room; then the least busy
+        assert [client.pending_calls for client in clients] == [2, 1, 1]
+
+        def runs_of(connection):
+            return len(connection.waiting) + len(connection.pipeline.owed)
+        runs = managed_set.loop.ask(lambda: [runs_of(client.connection) for client in clients])
+        assert runs == [1, 1, 1] and (managed_set.picks, managed_set.attempts) == (4, 4)
+        managed_set.shut_down()
+    assert [bytes(stream.out) for stream in streams] == [b"ERR MessageLost: client shut down\n"] * 4
 
 
 # --- the set's own cache: failover out of the box, and never refusing everything ------------

@@ -5,7 +5,7 @@ in its own order, whichever connection brought them."""
 import pytest
 
 from part2.calls import MessageLost, MessageTimeout, Run
-from part2.pipeline import ClientStream, OutOfStep, Pipeline
+from part2.pipeline import ClientStream, OutOfStep, Pipeline, hand_out
 from part3.resp import RESP
 from tcp_proxy import LINES, MAX_LINE, answer
 
@@ -200,6 +200,36 @@ def test_replies_leave_in_the_clients_order_whichever_entry_is_answered_first():
     assert bytes(stream.out) == replies_to(b"a", b"b", b"c") and stream.done() is False
     stream.out.clear()
     assert stream.done() and (counts.answered, stream.owed) == (3, 0)
+
+
+class Told(ClientStream):
+    """A stream that counts the times it is told bytes were added to out."""
+    told = 0
+
+    def writable(self):
+        self.told += 1
+
+
+def test_a_batchs_replies_go_each_to_its_own_client_in_one_loop_each_client_told_once():
+    counts = Counts()
+    streams = [Told(LINES, counts) for _ in range(2)]
+    (early,), (other,) = streams[0].feed(b"GET a\nGET b\n"), streams[1].feed(b"GET c\n")
+    (late,) = streams[0].feed(b"GET d\n")
+    hand_out([late, other], [answer(b"GET d"), answer(b"GET c")])   # late: another connection's
+    assert streams[0].out == bytearray() and bytes(streams[1].out) == answer(b"GET c")
+    hand_out([early, early], [answer(b"GET a"), answer(b"GET b")])
+    assert bytes(streams[0].out) == replies_to(b"a", b"b", b"d") and not streams[0].waiting
+    assert [stream.told for stream in streams] == [2, 1]   # a's bytes; d's, once unparked
+    assert (counts.answered, streams[0].owed, streams[1].owed) == (4, 0, 0)
+
+
+def test_a_read_of_whole_requests_all_sent_on_is_queued_as_its_bytes_came_any_other_joined():
+    stream = ClientStream(LINES, Counts())
+    data = b"GET a\nGET b\n"
+    assert stream.feed(data)[0].data is data   # no split and join: the bytes as read
+    assert stream.feed(b"GET c\nGE")[0].data == b"GET c\n"   # a request begun: not all of it
+    assert stream.feed(b"T d\n")[0].data == b"GET d\n"   # the end of one begun before
+    assert [entry.data for entry in stream.feed(b"GET e\n\nGET f\n")] == [b"GET e\n", b"GET f\n"]
 
 
 def test_the_pools_own_answers_and_errors_take_their_place_among_the_replies():

@@ -5,6 +5,7 @@ import contextlib
 import os
 import random
 import resource
+import select
 import socket
 import string
 import subprocess
@@ -56,6 +57,72 @@ def test_proxy_pipelines_every_clients_requests_over_one_connection_each_client_
             replies = [client.result() for client in clients]
     assert replies == [[f"{c}{n}={c.upper() * 12}" for n in range(3)] for c in "abcdefgh"]
     assert upstream.connections == 1 and upstream.requests == 24
+
+
+class TurnedByHand(ManagedProxy):
+    """ManagedProxy whose loop the test turns, one run_once() at a time: it knows what one
+    turn read."""
+
+    def spawn(self, target):
+        return None
+
+
+def turn_until(proxy, done, turns=200):
+    for _ in range(turns):
+        if done():
+            return
+        proxy.loop.run_once()
+    raise AssertionError(f"not done after {turns} turns")
+
+
+def batch_scenario(fault=None, **options):
+    """Eight clients send two requests each, read in one turn; what went upstream (each
+    "sent" event's bytes), the attempts the set heard of, and each client's replies."""
+    sent, attempts = [], []
+
+    def heard(source, event):
+        (sent if event[0] == "sent" else attempts if event[0] == "attempt" else []).append(event)
+    with FaultyUpstream() as upstream, contextlib.ExitStack() as stack:
+        proxy = stack.enter_context(TurnedByHand([(upstream.addr, 1)], on_event=heard,
+                                                 rcache=ReliabilityCache(), **options))
+        clients = [stack.enter_context(socket.create_connection(proxy.addr, timeout=5))
+                   for _ in range(8)]
+        turn_until(proxy, lambda: len(proxy.clients) == 8)
+        if fault:
+            upstream.fail_next(1, how=fault)
+        for number, client in enumerate(clients):
+            client.sendall(b"GET k%d\nGET j%d\n" % (number, number))
+        unread = {client.sock for client in proxy.clients}
+        while unread:   # once every client's bytes are in, one turn reads them all
+            readable, _, _ = select.select(list(unread), [], [], Hooks.hook_timeout)
+            assert readable, "a client's bytes never reached the proxy"
+            unread -= set(readable)
+        proxy.loop.run_once()
+        assert proxy.managed_set.attempts == 8
+        turn_until(proxy, lambda: proxy.answered + proxy.failed == 16 and not any(
+            client.out for client in proxy.clients))
+        replies = [[next(lines), next(lines)] for lines in map(read_lines, clients)]
+    return [event[-1] for event in sent], [event[1:] for event in attempts], replies
+
+
+def test_what_every_client_sent_in_one_turn_goes_upstream_as_one_run_each_client_its_own_replies():
+    sent, attempts, replies = batch_scenario()
+    (run,) = sent
+    asked = [b"GET k%d\nGET j%d\n" % (n, n) for n in range(8)]
+    assert sorted(run.splitlines(keepends=True)) == sorted(b"".join(asked).splitlines(True))
+    assert all(request in run for request in asked)   # each client's two requests side by side
+    assert replies == [[answer(b"GET k%d" % n)[:-1], answer(b"GET j%d" % n)[:-1]] for n in range(8)]
+    assert attempts == [(1, 0, "ok")] * 8   # one attempt per client, each ok
+
+
+def test_a_turns_run_that_fails_leaves_each_clients_requests_to_go_on_alone_retried_or_failed():
+    sent, attempts, replies = batch_scenario("drop", idempotent=True, idempotent_wait=0)
+    assert len(sent) == 9 and sorted(sent[1:]) == [b"GET k%d\nGET j%d\n" % (n, n) for n in range(8)]
+    assert replies == [[answer(b"GET k%d" % n)[:-1], answer(b"GET j%d" % n)[:-1]] for n in range(8)]
+    lost = "MessageLost: upstream closed the connection"
+    assert attempts == [(1, 0, lost)] * 8 + [(2, 0, "ok")] * 8
+    _, _, replies = batch_scenario("drop")   # call()'s semantics: a lost request is not retried
+    assert replies == [[b"ERR " + lost.encode()] * 2] * 8
 
 
 def test_a_default_proxy_pipelines_once_its_connections_are_busy():
