@@ -3,6 +3,12 @@ need not read it: it builds a pool from its arguments and runs it until a signal
 
     python3 -m part3 serve --upstream HOST:PORT [--listen HOST:PORT] [--kind framed|managed]
                            [--size N] [--allow NAME ...] [--stats HOST:PORT]
+                           [--user NAME] [--upstream-user NAME]
+
+AUTH belongs to the pool: with a client password, a client must AUTH (or HELLO ... AUTH)
+with it before anything is forwarded; with upstream credentials, every connection the pool
+opens says them itself. Passwords come from the environment (POOL_PASSWORD, UPSTREAM_PASSWORD),
+not from arguments, which any user of the machine can read in the process list.
 
 It prints one line once it listens (where, and where its stats are), a log line on stderr
 for each upstream connection that ends in an error, and ends cleanly, exit status 0, on
@@ -16,6 +22,7 @@ pool's counters, then closes it, as twemproxy's stats port does.
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 
@@ -62,7 +69,8 @@ def counters_of(pool):
         for clients in managed_set.clients:
             for client in clients:
                 for name in client.counters:
-                    found[f"upstream.{name}"] = found.get(f"upstream.{name}", 0) + getattr(client, name)
+                    key = f"upstream.{name}"
+                    found[key] = found.get(key, 0) + getattr(client, name)
     else:
         found.update(idle=len(pool.idle), open=pool.open)
     return found
@@ -84,8 +92,11 @@ def log_transitions(source, event):
         LOG.warning("upstream connection down: %s", event[3])
 
 
-def build_pool(options):
-    framing = resp.Resp(allow=options.allow)
+def build_pool(options, environ=os.environ):
+    framing = resp.Resp(allow=options.allow, user=options.user,
+                        password=environ.get("POOL_PASSWORD") or None,
+                        upstream_user=options.upstream_user,
+                        upstream_password=environ.get("UPSTREAM_PASSWORD") or None)
     if options.kind == "framed":
         kind = type("Served", (LoggedFramedProxy,), {"listen_addr": options.listen})
         return kind(options.upstream, pool_cap=options.size, framing=framing)
@@ -93,10 +104,11 @@ def build_pool(options):
     return kind([(options.upstream, options.size)], framing=framing, on_event=log_transitions)
 
 
-def parse(argv):
+def parse(argv, environ=os.environ):
     parser = argparse.ArgumentParser(prog="python3 -m part3 serve",
                                      description="a Redis pool in front of a redis-server")
-    parser.add_argument("--upstream", type=address, required=True, help="the redis-server, HOST:PORT")
+    parser.add_argument("--upstream", type=address, required=True,
+                        help="the redis-server, HOST:PORT")
     parser.add_argument("--listen", type=address, default=("127.0.0.1", 6380),
                         help="where clients connect (default 127.0.0.1:6380; port 0: any free one)")
     parser.add_argument("--kind", choices=("framed", "managed"), default="framed",
@@ -108,7 +120,18 @@ def parse(argv):
                         help="commands the pool's policy refuses that it should pass (FLUSHDB)")
     parser.add_argument("--stats", type=address, default=None,
                         help="a port that answers with the pool's counters as JSON")
-    return parser.parse_args(argv)
+    parser.add_argument("--user", default=None,
+                        help="the user name clients AUTH as, with the password in POOL_PASSWORD "
+                             "(default: default)")
+    parser.add_argument("--upstream-user", default=None,
+                        help="the user the pool authenticates as upstream, with the password in "
+                             "UPSTREAM_PASSWORD")
+    options = parser.parse_args(argv)
+    for flag, user, variable in (("--user", options.user, "POOL_PASSWORD"),
+                                 ("--upstream-user", options.upstream_user, "UPSTREAM_PASSWORD")):
+        if user and not environ.get(variable):
+            parser.error(f"{flag} needs a password in {variable}")
+    return options
 
 
 def main(argv=None):

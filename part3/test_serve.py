@@ -1,6 +1,7 @@
 """`python3 -m part3 serve`: the Redis pools as a command, in front of a real redis-server,
 driven by redis-cli; its stats port; its end on a signal."""
 import json
+import os
 import re
 import signal
 import socket
@@ -23,10 +24,16 @@ def redis():
         yield server
 
 
-def started(*arguments):
+def without_passwords():
+    return {name: value for name, value in os.environ.items()
+            if name not in ("POOL_PASSWORD", "UPSTREAM_PASSWORD", "REDISCLI_AUTH")}
+
+
+def started(*arguments, environ=None):
     """The command running, and (its address, its stats address) from the line it prints."""
     command = subprocess.Popen([sys.executable, "-m", "part3", "serve", *arguments], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=without_passwords() | (environ or {}))
     line = command.stdout.readline()
     found = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)(?:; stats on 127\.0\.0\.1:(\d+))?\n", line)
     if not found:
@@ -43,9 +50,11 @@ def ended(command):
     return command.returncode, err
 
 
-def cli(port, *words):
+def cli(port, *words, password=None):
+    """redis-cli's answer; a password goes in REDISCLI_AUTH, where redis-cli looks for one."""
+    environ = without_passwords() | ({"REDISCLI_AUTH": password} if password else {})
     run = subprocess.run(["redis-cli", "-p", str(port), *words], capture_output=True, text=True,
-                         timeout=START_TIMEOUT)
+                         timeout=START_TIMEOUT, env=environ)
     return run.stdout.strip()
 
 
@@ -88,3 +97,37 @@ def test_an_address_reads_host_and_port_and_brackets_around_ipv6():
     assert serve.address("127.0.0.1:6379") == ("127.0.0.1", 6379)
     assert serve.address("[::1]:6380") == ("::1", 6380)
     assert serve.shown(("::1", 6380, 0, 0)) == "[::1]:6380"
+
+
+@pytest.fixture
+def guarded(redis):
+    """The module's redis-server asking a password of its clients, for one test."""
+    control = redis_server.RedisControl(redis.addr)
+    control.command("CONFIG SET requirepass upstream-secret")
+    control.command("AUTH upstream-secret")
+    try:
+        yield redis
+    finally:
+        control.command("CONFIG SET requirepass ''")
+        control.close()
+
+
+@pytest.mark.parametrize("kind", ["framed"])
+def test_serve_asks_its_clients_its_own_password_and_says_its_own_upstream(guarded, kind):
+    passwords = {"POOL_PASSWORD": "client-secret", "UPSTREAM_PASSWORD": "upstream-secret"}
+    command, port, _ = started("--upstream", f"127.0.0.1:{guarded.addr[1]}", "--kind", kind,
+                               "--listen", "127.0.0.1:0", environ=passwords)
+    try:
+        assert cli(port, "GET", "k").startswith("NOAUTH")
+        assert cli(port, "SET", "k", "v", password="client-secret") == "OK"
+        assert cli(port, "GET", "k", password="client-secret") == "v"
+        assert cli(port, "AUTH", "upstream-secret").startswith("WRONGPASS")   # not the server's
+    finally:
+        assert ended(command) == (0, "")
+
+
+def test_a_user_without_a_password_in_the_environment_is_refused_before_anything_starts():
+    run = subprocess.run([sys.executable, "-m", "part3", "serve", "--upstream", "127.0.0.1:1",
+                          "--user", "app"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=START_TIMEOUT, env=without_passwords())
+    assert run.returncode == 2 and "--user needs a password in POOL_PASSWORD" in run.stderr
