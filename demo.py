@@ -497,7 +497,7 @@ def main(argv=None):
         scenarios = managed_demo.SCENARIOS
     if options.part3:
         from part3 import part3_demo   # only this flag needs Part three (and redis-server)
-        from scaffolding import redis_server
+        from part3 import redis_server
         if not redis_server.redis_available():
             print(redis_server.INSTALL_HINT)
             return 0

@@ -44,7 +44,7 @@ import time
 
 from part2 import managed
 from part3 import resp
-from scaffolding.redis_server import RedisControl, RedisServer, read_resp
+from part3.redis_server import RedisControl, RedisServer, read_resp
 
 from bench.machinery import (START_TIMEOUT, ExternalRelay, Running, ServiceProcess, low_high, one_line, progress,
                              ratio, spread, table, tool_path)

@@ -12,7 +12,7 @@ import pytest
 from bench import bench, bench_part3, cited, machinery, mechanisms, placement, redis_peers
 from conftest import need_redis
 from part3 import resp
-from scaffolding.redis_server import RedisControl, RedisServer, read_resp
+from part3.redis_server import RedisControl, RedisServer, read_resp
 import tcp_proxy
 from tcp_proxy import PassthroughProxy, Upstream
 

@@ -7,7 +7,7 @@ bulk string reply spans two lines. The last three need no Redis: request ids
 
 Map of the module, in reading order:
 
-    (scaffolding.redis_server starts the private redis-server and its control connection)
+    (part3.redis_server starts the private redis-server and its control connection)
     naive_redis ... resp_pool           the four scenarios against Redis
     out_of_order, slow_key, late_reply  the three scenarios of request ids
 
@@ -26,7 +26,7 @@ from part3.tagged import TaggedClient, TaggedError, TaggedUpstream
 from scaffolding import kit
 from scaffolding.faults import TrustingPool
 from scaffolding.kit import ROUNDS, Client, clients, keys_for, run_concurrently, sent_line, show
-from scaffolding.redis_server import read_resp, redis_and_control
+from part3.redis_server import read_resp, redis_and_control
 from tcp_proxy import FramedProxy, Hooks, NaiveProxy, answer
 
 

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import ROOT, need_redis
-from scaffolding import kit, redis_server
+from part3 import redis_server
+from scaffolding import kit
 from part3.resp import MAX_BULK, RESP, Overlong, Parser, Passed, reply_size
 from tcp_proxy import LINES, FramedProxy, Frames, Head, Piece, Server, read_lines
 

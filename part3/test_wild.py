@@ -4,7 +4,6 @@ The transcript test needs the pinned venvs `make test` makes (make wild-venvs) a
 redis-server; without them it skips, except under CI=true, where it fails. The relay's
 own tests need only redis-server, and raw sockets.
 """
-import os
 import select
 import socket
 import subprocess
@@ -12,22 +11,11 @@ import sys
 
 import pytest
 
-from conftest import ROOT, need_redis
+from conftest import ROOT, need_redis, need_wild_venvs
 from part3 import wild
-from pictures import draw_wild
-from scaffolding.redis_server import RedisServer
+from part3.redis_server import RedisServer
 
 TIMEOUT = 10.0   # seconds any read below may wait
-
-
-def need_venvs():
-    missing = [v for v in wild.VERSIONS if not wild.venv_python(v).exists()]
-    if missing:
-        reason = (f"no venv for redis-py {', '.join(missing)}: `make wild-venvs` makes them "
-                  "from the package index")
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason + "; CI must run the wild scenario")
-        pytest.skip(reason)
 
 
 def command(*words):
@@ -128,19 +116,10 @@ def test_wild_without_the_venvs_prints_one_line_on_how_to_make_them_and_exits_0(
 @pytest.mark.slow
 def test_make_wild_prints_the_checked_in_transcript_mixed_up_on_4_5_1_clean_on_4_5_5_and_8_1_0():
     need_redis()
-    need_venvs()
+    need_wild_venvs(wild)
     run = subprocess.run([sys.executable, "-m", "part3.wild", "--all"], cwd=ROOT,
                          capture_output=True, timeout=180)
     assert run.stderr == b"" and run.returncode == 0
     assert run.stdout == (ROOT / "transcripts" / "wild.txt").read_bytes()
     verdicts = [line.split("(")[0].strip() for line in run.stdout.decode().splitlines() if "verdict:" in line]
     assert verdicts == ["verdict: mixed up"] + ["verdict: clean"] * 5
-
-
-@pytest.mark.slow
-def test_part3_wild_svg_is_what_the_4_5_1_and_4_5_5_runs_draw_now_byte_for_byte():
-    need_redis()
-    need_venvs()
-    drawn = draw_wild.draw({version: draw_wild.record(version) for version in draw_wild.SHOWN}).render()
-    assert (ROOT / "pictures" / draw_wild.NAME).read_text(encoding="utf-8") == drawn, \
-        "pictures/part3-wild.svg is stale: run `python3 -m pictures.draw_wild` and look at it"

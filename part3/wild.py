@@ -62,7 +62,7 @@ from pathlib import Path
 
 import tcp_proxy
 from part3 import resp
-from scaffolding.redis_server import INSTALL_HINT, RedisServer, redis_available
+from part3.redis_server import INSTALL_HINT, RedisServer, redis_available
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("4.5.1", "4.5.5", "8.1.0")   # affected, fixed, the newest the index served (pinned)

@@ -12,8 +12,8 @@ import pytest
 from pictures import draw_part3 as pictures_part3
 from pictures import draw_wild
 from pictures.record import Got, RedisRead, Returned, TaggedSent, Waited, record_part3
-from part3 import resp, tagged
-from conftest import ROOT, need_redis, transcript_section
+from part3 import resp, tagged, wild
+from conftest import ROOT, need_redis, need_wild_venvs, transcript_section
 from tcp_proxy import FramedProxy
 
 # One worker runs all of these under `make test`'s --dist loadgroup: the runs
@@ -56,7 +56,7 @@ def run_of(runs):
 
 def test_the_checked_in_part3_pictures_are_exactly_the_ones_drawn():
     checked_in = sorted(path.name for path in (HERE / "pictures").glob("part3-*.svg")
-                        if path.name != draw_wild.NAME)   # drawn from the redis-py venvs: part3/test_wild.py
+                        if path.name != draw_wild.NAME)   # drawn from the redis-py venvs: the last test here
     assert checked_in == sorted(pictures_part3.PICTURES)
 
 
@@ -118,3 +118,12 @@ def test_the_resp_pool_recording_has_as_4_reads_then_24_from_8_clients_each_one_
     assert [len({e.via for e in part}) for part in (reads[:4], reads[4:], reads)] == [1, 8, 9]   # the transcript's 24
     assert [resp.reply_size(e.reply) == len(e.reply) and e.rest == b"" for e in reads] == [True] * 28
     assert len({e.connection for e in reads}) == 1
+
+
+@pytest.mark.slow
+def test_the_wild_picture_is_what_the_leaking_and_the_fixed_redis_py_draw_now_byte_for_byte():
+    need_redis()
+    need_wild_venvs(wild)
+    drawn = draw_wild.draw({version: draw_wild.record(version) for version in draw_wild.SHOWN}).render()
+    assert (ROOT / "pictures" / draw_wild.NAME).read_text(encoding="utf-8") == drawn, \
+        "pictures/part3-wild.svg is stale: run `python3 -m pictures.draw_wild` and look at it"
