@@ -23,14 +23,14 @@ managed:
 part3:
 	$(PYTHON) demo.py --part3
 
-# The bug in the wild (part3/wild.py): real redis-py, each pinned version in its own
-# virtual environment, made from part3/requirements-wild-<version>.txt. Where the package
+# The bug in the wild (part3/wild/): real redis-py, each pinned version in its own
+# virtual environment, made from part3/wild/requirements-<version>.txt. Where the package
 # index cannot be reached, the venv is not made, a line says so, and `make wild` and
-# part3/test_wild.py say so too (the test fails under CI=true).
+# part3/wild/test_incident.py say so too (the test fails under CI=true).
 WILD_VERSIONS := 4.5.1 4.5.5 8.1.0
 WILD_PYTHONS := $(WILD_VERSIONS:%=.venv-redis-%/bin/python)
 
-.venv-redis-%/bin/python: part3/requirements-wild-%.txt
+.venv-redis-%/bin/python: part3/wild/requirements-%.txt
 	@{ $(PYTHON) -m venv .venv-redis-$* && \
 	   .venv-redis-$*/bin/python -m pip install --quiet --disable-pip-version-check -r $< && \
 	   touch $@; } || { rm -rf .venv-redis-$*; \
@@ -43,7 +43,7 @@ wild: wild-venvs redis-server
 
 # Not in the suite: one venv per redis-py release tried (in .venv-wild-table/), minutes.
 wild-table: redis-server
-	$(PYTHON) -m part3.wild_table
+	$(PYTHON) -m part3.wild.table
 
 # Part three needs a real redis-server on PATH, and its tests drive it with real clients,
 # redis-cli and redis-benchmark (Debian's redis-tools): `make test` installs both packages

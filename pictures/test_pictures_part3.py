@@ -12,7 +12,8 @@ import pytest
 from pictures import draw_part3 as pictures_part3
 from pictures import draw_wild
 from pictures.record import Got, RedisRead, Returned, TaggedSent, Waited, record_part3
-from part3 import resp, tagged, wild
+from part3 import resp, tagged
+from part3.wild import incident
 from conftest import ROOT, need_redis, need_wild_venvs, transcript_section
 from tcp_proxy import FramedProxy
 
@@ -123,7 +124,7 @@ def test_the_resp_pool_recording_has_as_4_reads_then_24_from_8_clients_each_one_
 @pytest.mark.slow
 def test_the_wild_picture_is_what_the_leaking_and_the_fixed_redis_py_draw_now_byte_for_byte():
     need_redis()
-    need_wild_venvs(wild)
+    need_wild_venvs(incident)
     drawn = draw_wild.draw({version: draw_wild.record(version) for version in draw_wild.SHOWN}).render()
     assert (ROOT / "pictures" / draw_wild.NAME).read_text(encoding="utf-8") == drawn, \
         "pictures/part3-wild.svg is stale: run `python3 -m pictures.draw_wild` and look at it"

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import ROOT, need_redis, need_wild_venvs
-from part3 import wild
+from part3.wild import incident
 from part3.redis_server import RedisServer
 
 TIMEOUT = 10.0   # seconds any read below may wait
@@ -43,19 +43,19 @@ def read_exactly(sock, size):
 def redis():
     need_redis()
     with RedisServer() as server:
-        wild.store(server.addr)
+        incident.store(server.addr)
         yield server
 
 
 def test_words_of_a_command_array_keep_a_value_with_a_line_break_whole():
-    assert wild.words(command(b"GET", b"a")) == [b"GET", b"a"]
-    assert wild.words(command(b"ECHO", b"x\r\ny")) == [b"ECHO", b"x\r\ny"]
+    assert incident.words(command(b"GET", b"a")) == [b"GET", b"a"]
+    assert incident.words(command(b"ECHO", b"x\r\ny")) == [b"ECHO", b"x\r\ny"]
     with pytest.raises(ValueError, match="not a command array"):
-        wild.words(b"GET a\r\n")
+        incident.words(b"GET a\r\n")
 
 
 def test_relay_lets_one_whole_reply_through_per_credit_on_one_connection(redis):
-    with wild.HoldingRelay(redis.addr) as relay, socket.create_connection(relay.addr, TIMEOUT) as client:
+    with incident.HoldingRelay(redis.addr) as relay, socket.create_connection(relay.addr, TIMEOUT) as client:
         client.sendall(command(b"GET", b"a") + command(b"GET", b"b"))
         relay.wait_gets(2)
         assert not pending(client) and relay.released == 0
@@ -70,7 +70,7 @@ def test_relay_lets_one_whole_reply_through_per_credit_on_one_connection(redis):
 
 
 def test_relay_passes_a_reply_to_anything_but_get_with_no_credit(redis):
-    with wild.HoldingRelay(redis.addr) as relay, socket.create_connection(relay.addr, TIMEOUT) as client:
+    with incident.HoldingRelay(redis.addr) as relay, socket.create_connection(relay.addr, TIMEOUT) as client:
         client.sendall(command(b"PING"))
         assert read_exactly(client, 7) == b"+PONG\r\n"
         relay.wait_requests(1)   # counted once sent on, which may be after the reply is back
@@ -78,7 +78,7 @@ def test_relay_passes_a_reply_to_anything_but_get_with_no_credit(redis):
 
 
 def test_relay_drops_the_held_reply_of_a_client_that_hung_up_and_the_credit_goes_to_the_next(redis):
-    with wild.HoldingRelay(redis.addr) as relay:
+    with incident.HoldingRelay(redis.addr) as relay:
         with socket.create_connection(relay.addr, TIMEOUT) as first:
             first.sendall(command(b"GET", b"a"))
             relay.wait_gets(1)
@@ -94,7 +94,7 @@ def test_relay_drops_the_held_reply_of_a_client_that_hung_up_and_the_credit_goes
 
 
 def test_verdict_is_computed_from_the_rows_of_b_c_and_d():
-    scenario = wild.Scenario(redis=None, mode="plain")
+    scenario = incident.Scenario(redis=None, mode="plain")
     outcomes = {"mixed up": ["got value-of-a", "got value-of-b", "got value-of-c"],
                 "failed": ["raised ConnectionError: Too many connections"] * 3,
                 "clean": ["got value-of-b", "got value-of-c", "got value-of-d"]}
@@ -106,8 +106,8 @@ def test_verdict_is_computed_from_the_rows_of_b_c_and_d():
 
 def test_wild_without_the_venvs_prints_one_line_on_how_to_make_them_and_exits_0(monkeypatch, capsys, tmp_path):
     need_redis()
-    monkeypatch.setattr(wild, "venv_python", lambda version: tmp_path / version / "bin" / "python")
-    assert wild.run_all() == 0
+    monkeypatch.setattr(incident, "venv_python", lambda version: tmp_path / version / "bin" / "python")
+    assert incident.run_all() == 0
     assert capsys.readouterr().out == (
         "part3.wild: no virtual environment for redis-py 4.5.1, 4.5.5, 8.1.0; "
         "`make wild-venvs` makes them (it needs the package index)\n")
@@ -116,7 +116,7 @@ def test_wild_without_the_venvs_prints_one_line_on_how_to_make_them_and_exits_0(
 @pytest.mark.slow
 def test_make_wild_prints_the_checked_in_transcript_mixed_up_on_4_5_1_clean_on_4_5_5_and_8_1_0():
     need_redis()
-    need_wild_venvs(wild)
+    need_wild_venvs(incident)
     run = subprocess.run([sys.executable, "-m", "part3.wild", "--all"], cwd=ROOT,
                          capture_output=True, timeout=180)
     assert run.stderr == b"" and run.returncode == 0

@@ -1,4 +1,5 @@
-"""wild: redis-py's 2023 cancelled-reply leak (CVE-2023-28858/28859), with the real library.
+"""part3.wild.incident: redis-py's 2023 cancelled-reply leak (CVE-2023-28858/28859),
+with the real library.
 
 Part three showed the bug's class on the project's own pools. Here the client is
 redis-py itself, from the package index, each version in its own virtual
@@ -24,7 +25,7 @@ Map of the module, in reading order:
     report(), carriers()   the rows, and the verdict computed from them
     main()              `python -m part3.wild` in a venv: that version's transcript;
                         `python3 -m part3.wild --all` (make wild): every pinned venv's;
-                        `--table-row`: one JSON row for part3.wild_table; `--record`:
+                        `--table-row`: one JSON row for part3.wild.table; `--record`:
                         the rows and the relay's log for pictures/draw_wild.py
 
 The order of events in the cancelled scenario (every wait is on a hook):
@@ -64,7 +65,7 @@ import tcp_proxy
 from part3 import resp
 from part3.redis_server import INSTALL_HINT, RedisServer, redis_available
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = ("4.5.1", "4.5.5", "8.1.0")   # affected, fixed, the newest the index served (pinned)
 KEYS = "abcd"                            # client A asks for a, B for b, ...
 STEP_TIMEOUT = 5.0                       # seconds a client task may take once its reply is let through
@@ -454,7 +455,7 @@ def transcript():
 
 
 def table_row():
-    """For part3.wild_table: each mode's verdict and B's row, as one JSON line."""
+    """For part3.wild.table: each mode's verdict and B's row, as one JSON line."""
     row = {"version": version()}
     for mode in ("plain", "pipeline"):
         scenario = run(mode, False)
@@ -514,7 +515,3 @@ def main(argv):
     if leftover:   # every relay and executor thread is joined before its scenario returns
         raise SystemExit(f"part3.wild: threads outlived the scenarios: {leftover}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
