@@ -453,7 +453,7 @@ def test_demo_part3_prints_the_checked_in_transcript():
     assert run.stdout == (HERE / "transcripts" / "part3.txt").read_bytes()
 
 
-def test_demo_part3_without_redis_prints_one_line_on_how_to_install_it_and_exits_0():
+def test_demo_part3_without_redis_prints_one_line_on_how_to_install_it_and_exits_successfully():
     run = subprocess.run([sys.executable, "demo.py", "--part3"], cwd=HERE, capture_output=True, timeout=60,
                          env={**os.environ, "PATH": "/nonexistent"})
     assert (run.stdout.decode(), run.returncode) == (redis_server.INSTALL_HINT + "\n", 0)

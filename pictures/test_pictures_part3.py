@@ -84,7 +84,7 @@ def test_the_line_pool_recording_shows_the_tail_of_as_reply_delivered_to_b(runs)
         [("A", b"$5\r\n", False)], [("A", b"hello\r\n", True)], [("B", b"$5\r\n", True)]]
 
 
-def test_the_out_of_order_recording_has_ids_1_2_3_out_replies_3_1_2_back_and_each_call_its_own(runs):
+def test_the_out_of_order_recording_sends_ids_in_order_gets_replies_out_of_order_each_to_its_call(runs):
     events = run_of(runs)[0]["out_of_order"]
     assert [e.line for e in events if isinstance(e, TaggedSent)] == [
         b"1 GET alpha\n", b"2 GET bravo\n", b"3 GET charlie\n"]
@@ -104,7 +104,7 @@ def test_the_slow_key_recording_has_the_fast_replies_pass_it_with_ids_and_wait_b
         "slow=SSSSSSSSSSSS", "a=AAAAAAAAAAAA", "b=BBBBBBBBBBBB", "c=CCCCCCCCCCCC"]
 
 
-def test_the_late_reply_recording_drops_id_1_after_its_call_gave_up_and_serves_ids_2_and_3(runs):
+def test_the_late_reply_recording_drops_the_given_up_calls_id_and_serves_the_later_ones(runs):
     events = run_of(runs)[0]["late_reply"]
     assert [(type(e).__name__, *e) for e in events if isinstance(e, (TaggedSent, Got, Returned))] == [
         ("TaggedSent", b"1 GET slow\n"), ("Returned", b"1 GET slow\n", "CallTimeout"),
@@ -114,7 +114,7 @@ def test_the_late_reply_recording_drops_id_1_after_its_call_gave_up_and_serves_i
     assert {e.upstream.connections for e in events if isinstance(e, Waited)} == {1}
 
 
-def test_the_resp_pool_recording_has_as_4_reads_then_24_from_8_clients_each_one_whole_reply_on_one_connection(runs):
+def test_the_resp_pool_recording_gives_every_client_whole_replies_over_one_connection(runs):
     reads = [e for e in run_of(runs)[0]["resp_pool"] if isinstance(e, RedisRead)]
     assert [len({e.via for e in part}) for part in (reads[:4], reads[4:], reads)] == [1, 8, 9]   # the transcript's 24
     assert [resp.reply_size(e.reply) == len(e.reply) and e.rest == b"" for e in reads] == [True] * 28
