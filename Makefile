@@ -3,7 +3,7 @@
 # make check  - lint and test, then each transcript's determinism under load (four), then originality
 # make bench-redis - redis-benchmark through the project's Redis relays, socat, HAProxy, twemproxy
 # make pictures - run the scenarios and redraw pictures/*.svg from what they recorded (Part three's need redis-server)
-# make lint   - pyflakes-level checks (ruff: unused and undefined names, syntax); no formatter
+# make lint   - ruff (ruff.toml): unused and undefined names, syntax, the lesson's line length
 # make wild   - redis-py's cancelled-reply leak with the real library, 4.5.1 against 4.5.5 and 8.1.0
 PYTHON ?= python3
 VENV := .venv
@@ -66,10 +66,9 @@ $(VENV_PYTHON): requirements-test.txt
 test: $(VENV_PYTHON) redis-server wild-venvs
 	PYTHONDONTWRITEBYTECODE= $(VENV_PYTHON) -m pytest -q -n 3 --dist loadgroup
 
-# F: pyflakes' checks (unused imports and names, undefined names, redefinitions);
-# E9: syntax errors. Style is the code's own: the aligned margin comments stay.
+# ruff.toml says what it checks: names and syntax everywhere, line length in the lesson.
 lint: $(VENV_PYTHON)
-	$(VENV_PYTHON) -m ruff check --quiet --select F,E9 .
+	$(VENV_PYTHON) -m ruff check --quiet .
 
 # Each transcript must print the same bytes 20 times in a row while two busy
 # loops compete with it for both cores. The loops end with the recipe, or after

@@ -97,7 +97,8 @@ class RedisServer:
             raise OSError(f"redis-server did not start again; its log ends: {self.log[-300:]!r}")
 
     def close(self):
-        """Stop redis-server and wait for it; remove its directory. Calling it again does nothing."""
+        """Stop redis-server and wait for it; remove its directory. Calling it again does
+        nothing."""
         self._stop()
         self._directory.cleanup()
 

@@ -62,7 +62,8 @@ def counters_of(pool):
         for clients in managed_set.clients:
             for client in clients:
                 for name in client.counters:
-                    found[f"upstream.{name}"] = found.get(f"upstream.{name}", 0) + getattr(client, name)
+                    key = f"upstream.{name}"
+                    found[key] = found.get(key, 0) + getattr(client, name)
     else:
         found.update(idle=len(pool.idle), open=pool.open)
     return found
@@ -96,7 +97,8 @@ def build_pool(options):
 def parse(argv):
     parser = argparse.ArgumentParser(prog="python3 -m part3 serve",
                                      description="a Redis pool in front of a redis-server")
-    parser.add_argument("--upstream", type=address, required=True, help="the redis-server, HOST:PORT")
+    parser.add_argument("--upstream", type=address, required=True,
+                        help="the redis-server, HOST:PORT")
     parser.add_argument("--listen", type=address, default=("127.0.0.1", 6380),
                         help="where clients connect (default 127.0.0.1:6380; port 0: any free one)")
     parser.add_argument("--kind", choices=("framed", "managed"), default="framed",

@@ -31,7 +31,7 @@ LESSON = {"tcp_proxy", "part2.managed", "part2.clock", "part2.cache", "part2.cal
 FLOORS = {"tcp_proxy": 0, "conftest": 0, "scaffolding": 0, "part2": 1, "part3": 2}
 TOP_FLOOR = 3
 TOP_LEVEL = {"tcp_proxy.py", "demo.py", "test_tcp_proxy.py", "COMMENTARY.md", "README.md", "Makefile",
-             "conftest.py", "pytest.ini", "requirements-test.txt", ".gitignore", ".ci"}
+             "conftest.py", "pytest.ini", "ruff.toml", "requirements-test.txt", ".gitignore", ".ci"}
 
 
 def modules():

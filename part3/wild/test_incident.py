@@ -55,7 +55,8 @@ def test_words_of_a_command_array_keep_a_value_with_a_line_break_whole():
 
 
 def test_relay_lets_one_whole_reply_through_per_credit_on_one_connection(redis):
-    with incident.HoldingRelay(redis.addr) as relay, socket.create_connection(relay.addr, TIMEOUT) as client:
+    with incident.HoldingRelay(redis.addr) as relay, \
+            socket.create_connection(relay.addr, TIMEOUT) as client:
         client.sendall(command(b"GET", b"a") + command(b"GET", b"b"))
         relay.wait_gets(2)
         assert not pending(client) and relay.released == 0
@@ -70,7 +71,8 @@ def test_relay_lets_one_whole_reply_through_per_credit_on_one_connection(redis):
 
 
 def test_relay_passes_a_reply_to_anything_but_get_with_no_credit(redis):
-    with incident.HoldingRelay(redis.addr) as relay, socket.create_connection(relay.addr, TIMEOUT) as client:
+    with incident.HoldingRelay(redis.addr) as relay, \
+            socket.create_connection(relay.addr, TIMEOUT) as client:
         client.sendall(command(b"PING"))
         assert read_exactly(client, 7) == b"+PONG\r\n"
         relay.wait_requests(1)   # counted once sent on, which may be after the reply is back
@@ -104,9 +106,11 @@ def test_verdict_is_computed_from_the_rows_of_b_c_and_d():
         assert scenario.verdict() == verdict
 
 
-def test_wild_without_the_venvs_prints_one_line_on_how_to_make_them_and_exits_0(monkeypatch, capsys, tmp_path):
+def test_wild_without_the_venvs_prints_one_line_on_how_to_make_them_and_exits_successfully(
+        monkeypatch, capsys, tmp_path):
     need_redis()
-    monkeypatch.setattr(incident, "venv_python", lambda version: tmp_path / version / "bin" / "python")
+    monkeypatch.setattr(incident, "venv_python",
+                        lambda version: tmp_path / version / "bin" / "python")
     assert incident.run_all() == 0
     assert capsys.readouterr().out == (
         "part3.wild: no virtual environment for redis-py 4.5.1, 4.5.5, 8.1.0; "
@@ -114,12 +118,13 @@ def test_wild_without_the_venvs_prints_one_line_on_how_to_make_them_and_exits_0(
 
 
 @pytest.mark.slow
-def test_make_wild_prints_the_checked_in_transcript_mixed_up_on_4_5_1_clean_on_4_5_5_and_8_1_0():
+def test_make_wild_prints_the_checked_in_transcript_mixed_up_on_the_leaking_release_clean_after():
     need_redis()
     need_wild_venvs(incident)
     run = subprocess.run([sys.executable, "-m", "part3.wild", "--all"], cwd=ROOT,
                          capture_output=True, timeout=180)
     assert run.stderr == b"" and run.returncode == 0
     assert run.stdout == (ROOT / "transcripts" / "wild.txt").read_bytes()
-    verdicts = [line.split("(")[0].strip() for line in run.stdout.decode().splitlines() if "verdict:" in line]
+    verdicts = [line.split("(")[0].strip() for line in run.stdout.decode().splitlines()
+                if "verdict:" in line]
     assert verdicts == ["verdict: mixed up"] + ["verdict: clean"] * 5
