@@ -3,7 +3,8 @@ and the run that draws them is the demo's own run (it prints the transcript's li
 
 The scenarios run once for the whole module (the `runs` fixture). They need a real
 redis-server: without it these tests skip, except under CI=true, where they fail
-(conftest.need_redis)."""
+(conftest.need_redis). The last test redraws part3-wild.svg from the pinned redis-py venvs
+(conftest.need_wild_venvs)."""
 import shutil
 import time
 

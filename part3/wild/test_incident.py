@@ -1,4 +1,5 @@
-"""part3.wild: the relay that holds replies, and the transcript of the real redis-py through it.
+"""part3.wild.incident: the relay that holds replies, and the transcript of the real redis-py
+through it.
 
 The transcript test needs the pinned venvs `make test` makes (make wild-venvs) and
 redis-server; without them it skips, except under CI=true, where it fails. The relay's
