@@ -3,7 +3,7 @@
 # make check  - lint and test, then each transcript's determinism under load (four), then originality
 # make bench-redis - redis-benchmark through the project's Redis relays, socat, HAProxy, twemproxy
 # make pictures - run the scenarios and redraw pictures/*.svg from what they recorded (Part three's need redis-server)
-# make lint   - pyflakes-level checks (ruff: unused and undefined names, syntax); no formatter
+# make lint   - ruff (ruff.toml): unused and undefined names, syntax, the lesson's line length
 # make wild   - redis-py's cancelled-reply leak with the real library, 4.5.1 against 4.5.5 and 8.1.0
 PYTHON ?= python3
 VENV := .venv
@@ -23,14 +23,14 @@ managed:
 part3:
 	$(PYTHON) demo.py --part3
 
-# The bug in the wild (part3/wild.py): real redis-py, each pinned version in its own
-# virtual environment, made from part3/requirements-wild-<version>.txt. Where the package
+# The bug in the wild (part3/wild/): real redis-py, each pinned version in its own
+# virtual environment, made from part3/wild/requirements-<version>.txt. Where the package
 # index cannot be reached, the venv is not made, a line says so, and `make wild` and
-# part3/test_wild.py say so too (the test fails under CI=true).
+# part3/wild/test_incident.py say so too (the test fails under CI=true).
 WILD_VERSIONS := 4.5.1 4.5.5 8.1.0
 WILD_PYTHONS := $(WILD_VERSIONS:%=.venv-redis-%/bin/python)
 
-.venv-redis-%/bin/python: part3/requirements-wild-%.txt
+.venv-redis-%/bin/python: part3/wild/requirements-%.txt
 	@{ $(PYTHON) -m venv .venv-redis-$* && \
 	   .venv-redis-$*/bin/python -m pip install --quiet --disable-pip-version-check -r $< && \
 	   touch $@; } || { rm -rf .venv-redis-$*; \
@@ -43,7 +43,7 @@ wild: wild-venvs redis-server
 
 # Not in the suite: one venv per redis-py release tried (in .venv-wild-table/), minutes.
 wild-table: redis-server
-	$(PYTHON) -m part3.wild_table
+	$(PYTHON) -m part3.wild.table
 
 # Part three needs a real redis-server on PATH, and its tests drive it with real clients,
 # redis-cli and redis-benchmark (Debian's redis-tools): `make test` installs both packages
@@ -66,10 +66,9 @@ $(VENV_PYTHON): requirements-test.txt
 test: $(VENV_PYTHON) redis-server wild-venvs
 	PYTHONDONTWRITEBYTECODE= $(VENV_PYTHON) -m pytest -q -n 3 --dist loadgroup
 
-# F: pyflakes' checks (unused imports and names, undefined names, redefinitions);
-# E9: syntax errors. Style is the code's own: the aligned margin comments stay.
+# ruff.toml says what it checks: names and syntax everywhere, line length in the lesson.
 lint: $(VENV_PYTHON)
-	$(VENV_PYTHON) -m ruff check --quiet --select F,E9 .
+	$(VENV_PYTHON) -m ruff check --quiet .
 
 # Each transcript must print the same bytes 20 times in a row while two busy
 # loops compete with it for both cores. The loops end with the recipe, or after

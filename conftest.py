@@ -101,3 +101,21 @@ def transcript_section(transcript, title):
     text = (ROOT / "transcripts" / transcript).read_text(encoding="utf-8")
     sections = re.split(r"^== \d+\. (.*) ==\n", text, flags=re.MULTILINE)
     return dict(zip(sections[1::2], sections[2::2]))[title].rstrip("\n") + "\n"
+
+
+def closed_port_addr():
+    """An address where nothing listens: a port the OS gave out and took back."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        return listener.getsockname()
+
+
+def need_wild_venvs(wild):
+    """Skip without the pinned redis-py venvs that `make wild-venvs` makes (`wild` is the
+    incident's module, passed in so this file imports nothing of the project), except in CI."""
+    missing = [version for version in wild.VERSIONS if not wild.venv_python(version).exists()]
+    if missing:
+        reason = (f"no venv for redis-py {', '.join(missing)}: `make wild-venvs` makes them "
+                  "from the package index")
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason + "; CI must run the wild scenario")
+        pytest.skip(reason)

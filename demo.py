@@ -55,8 +55,10 @@ def interleave():
         print(f"  A received  {show(a.read_to_eof())}")
         print(f"  B received  {show(b.read_to_eof())}")
         sent = sum(len(chunk) for chunk in a.sent + b.sent)
-        print(f"  bytes: {sent} sent, {proxy.forwarded} forwarded, {upstream.bytes_in} received upstream")
-        print(interleave_verdict([a.sent, b.sent], proxy.forwarded, upstream.bytes_in, upstream.parsed))
+        print(f"  bytes: {sent} sent, {proxy.forwarded} forwarded, "
+              f"{upstream.bytes_in} received upstream")
+        print(interleave_verdict([a.sent, b.sent], proxy.forwarded, upstream.bytes_in,
+                                 upstream.parsed))
 
 
 def interleave_verdict(sent_by_client, forwarded, received, parsed):
@@ -103,7 +105,8 @@ def holdings(name, data):
 
 
 def holds_another(name, data):
-    return any(answer(f"GET {key}".encode()) in data for key in ASKED.values() if key != ASKED[name])
+    return any(answer(f"GET {key}".encode()) in data
+               for key in ASKED.values() if key != ASKED[name])
 
 
 def headline_verdict(received):
@@ -115,7 +118,8 @@ def broadcast_verdict(received):
     everything = all(answer(f"GET {key}".encode()) in data
                      for data in received.values() for key in ASKED.values())
     who = ("both clients hold both answers" if everything
-           else "; ".join(f"{name} holds {holdings(name, data)}" for name, data in received.items()))
+           else "; ".join(f"{name} holds {holdings(name, data)}"
+                          for name, data in received.items()))
     leaked = [name for name, data in received.items() if holds_another(name, data)]
     moral = ("the other routing rule leaks to everyone" if len(leaked) == len(received)
              else f"{len(leaked)} of {len(received)} clients hold another's answer")
@@ -161,13 +165,15 @@ def passthrough_verdict(right, asked, client_connections, upstream_connections):
 
 
 def pool_caps():
-    print(f"  8 clients x {ROUNDS} requests at once, each waiting for its answer: at most 8 in flight")
+    print(f"  8 clients x {ROUNDS} requests at once, each waiting for its answer: "
+          "at most 8 in flight")
     print("  pool_cap  right  connections opened  requests per connection")
     rows = []
     for cap in (1, 2, 4, 8, 16):
         # scaffolding: holding replies until min(cap, 8) requests are in forces the
         # pool to open every connection it can, so the count does not depend on luck
-        with Upstream(gate=min(cap, 8)) as upstream, FramedProxy(upstream.addr, pool_cap=cap) as proxy:
+        with Upstream(gate=min(cap, 8)) as upstream, \
+                FramedProxy(upstream.addr, pool_cap=cap) as proxy:
             right = many_clients(proxy.addr)
             print(f"  {cap:>8}  {right:>2}/24  {proxy.opened:>18}  {24 / proxy.opened:>23.1f}")
             rows.append((cap, right, proxy.opened))
@@ -177,10 +183,12 @@ def pool_caps():
 def pool_caps_verdict(rows, asked, in_flight):
     """rows: (cap, right answers, connections opened) per cap."""
     wrong_rows = sum(right != asked for _, right, _ in rows)
-    correctness = "right on every row" if wrong_rows == 0 else f"wrong answers on {wrong_rows} of {len(rows)} rows"
+    correctness = ("right on every row" if wrong_rows == 0
+                   else f"wrong answers on {wrong_rows} of {len(rows)} rows")
     cap, _, opened = rows[-1]
     if all(opened == min(cap, in_flight) for cap, _, opened in rows):
-        growth = f"connections opened = min(pool_cap, requests in flight), so cap {cap} opens {opened}"
+        growth = (f"connections opened = min(pool_cap, requests in flight), "
+                  f"so cap {cap} opens {opened}")
     else:
         growth = "connections opened do not follow min(pool_cap, requests in flight)"
     return f"  verdict: {correctness}; {growth}"
@@ -199,7 +207,8 @@ def release_rules():
             pattern = "in two parts, paused between" if split else "in one write"
             print(f"  {release:<7}  {pattern:<30}  {right[release, split]}/8")
     heads, ends = paused_deliveries(received)   # the last trial: timeout, paused
-    print(f"  timeout, paused: {heads} client received the first {SPLIT_AT} bytes of its own answer, "
+    print(f"  timeout, paused: {heads} client received the first {SPLIT_AT} bytes "
+          "of its own answer, "
           f"{ends} the end of another client's answer first")
     print(release_verdict(right, asked=8, paused=(heads, ends)))
 
@@ -264,7 +273,8 @@ def release_received(release, split):
         for number, (client, word) in enumerate(zip(crowd, KEY_WORDS), 1):
             client.send(request(word))
             client.sock.shutdown(socket.SHUT_WR)   # one request: the proxy closes after its reply
-            upstream.wait_requests(number)   # it has the connection: the next borrows after it, in name order
+            # it has the connection: the next borrows after it, in name order
+            upstream.wait_requests(number)
         return [(word, client.read_to_eof()) for client, word in zip(crowd, KEY_WORDS)]
 
 
@@ -288,7 +298,8 @@ def serialised_verdict(right, asked):
     if right == asked:
         return ("  verdict: the blind relay is right when only one answer can be in flight: "
                 "that is serialisation, not multiplexing")
-    return f"  verdict: the blind relay gets {asked - right} of {asked} wrong even with one answer in flight"
+    return (f"  verdict: the blind relay gets {asked - right} of {asked} wrong "
+            "even with one answer in flight")
 
 
 def half_close_trial(half):
@@ -347,14 +358,17 @@ def dishonest():
     rows = {}
     for pool_class in (TrustingPool, FramedProxy):
         received, proxy = dishonest_trial(pool_class)
-        right = sum(got == want for name in "AB" for got, want in zip(received[name], expected[name]))
-        others = sum(got in expected[other] for name, other in ("AB", "BA") for got in received[name])
+        right = sum(got == want for name in "AB"
+                    for got, want in zip(received[name], expected[name]))
+        others = sum(got in expected[other] for name, other in ("AB", "BA")
+                     for got in received[name])
         print(f"  {pool_class.__name__}:")
         for name in "AB":
             print(f"    {name} asked for {', '.join(keys_for('AB'.index(name)))}  received "
                   + ", ".join(repr(line) for line in received[name]))
         print(f"    right {right}/6   another client's answer {others}   "
-              f"dirty connections closed {proxy.dirty}   upstream connections opened {proxy.opened}")
+              f"dirty connections closed {proxy.dirty}   "
+              f"upstream connections opened {proxy.opened}")
         rows[pool_class.__name__] = received, right, proxy.dirty
     print(dishonest_verdict(rows, expected))
 
@@ -363,15 +377,17 @@ def dishonest_verdict(rows, expected, lie=b"EXTRA\n"):
     """rows: pool name -> (what each client received, right answers, dirty closes);
     expected: each client's right answers, in the order it asked."""
     trusting, trusting_right, _ = rows["TrustingPool"]
-    in_turn = [trusting[name][turn] for turn in range(ROUNDS) for name in "AB"]   # borrowers in order
-    stream = [line for turn in range(ROUNDS) for name in "AB" for line in (expected[name][turn], lie)]
+    in_turn = [trusting[name][turn] for turn in range(ROUNDS) for name in "AB"]   # borrowers' order
+    stream = [line for turn in range(ROUNDS) for name in "AB"
+              for line in (expected[name][turn], lie)]
     asked = len(in_turn)
     if trusting_right == asked:
         trust = "the pool that trusts hands out every answer right"
-    elif in_turn == stream[:asked]:   # borrower k read line k of the stream; its answer is further on
+    elif in_turn == stream[:asked]:   # borrower k read line k of the stream; its answer lies on
         shifts = [stream.index(expected[name][turn]) - (2 * turn + (name == "B"))
                   for turn in range(ROUNDS) for name in "AB"]
-        trust = (f"in turn, the borrowers read {', '.join(map(str, shifts))} lines behind their own answers: "
+        trust = (f"in turn, the borrowers read {', '.join(map(str, shifts))} lines "
+                 "behind their own answers: "
                  + ("each lie adds one" if shifts == list(range(asked)) else "the shift varies"))
     else:
         trust = f"the pool that trusts hands out {asked - trusting_right} of {asked} wrong"
@@ -483,7 +499,8 @@ def main(argv=None):
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--list", action="store_true", help="name the scenarios and stop")
     parser.add_argument("--only", metavar="NAME", help="run one scenario")
-    parser.add_argument("--race", action="store_true", help="the unscripted twin: one run's numbers")
+    parser.add_argument("--race", action="store_true",
+                        help="the unscripted twin: one run's numbers")
     parser.add_argument("--trials", type=int, default=20, help="trials per --race row (20)")
     parser.add_argument("--managed", action="store_true", help="the reliability layer's scenarios")
     parser.add_argument("--part3", action="store_true", help="Part three: real Redis, request ids")
@@ -497,7 +514,7 @@ def main(argv=None):
         scenarios = managed_demo.SCENARIOS
     if options.part3:
         from part3 import part3_demo   # only this flag needs Part three (and redis-server)
-        from scaffolding import redis_server
+        from part3 import redis_server
         if not redis_server.redis_available():
             print(redis_server.INSTALL_HINT)
             return 0

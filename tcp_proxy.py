@@ -45,7 +45,7 @@ import time
 
 MAX_LINE = 64 * 1024     # the longest line anyone here will buffer
 CHUNK = 4096             # bytes asked of one recv()
-CONNECT_TIMEOUT = 1.5    # seconds a connect to an upstream may take (close() waits out at most this)
+CONNECT_TIMEOUT = 1.5    # seconds a connect to an upstream may take (close() waits at most this)
 ACCEPT_BACKOFF = 0.05    # seconds an accept loop rests after accept() fails (out of descriptors)
 LISTEN_BACKLOG = 65535   # connects the kernel queues before accept(); it caps this at its own limit
 REAP_EVERY = 1024        # threads started between two sweeps of finished ones from close()'s list
@@ -119,7 +119,7 @@ def shutdown(sock, how=socket.SHUT_RDWR):
 def host_and_port(addr):
     """(host, port) of an address as getsockname() gives it: IPv4's 2-tuple or IPv6's 4-tuple."""
     if not isinstance(addr, (tuple, list)) or len(addr) not in (2, 4):
-        raise ValueError(f"an address is (host, port) or (host, port, flowinfo, scope_id), not {addr!r}")
+        raise ValueError(f"an address is (host, port) or IPv6's 4-tuple, not {addr!r}")
     return tuple(addr[:2])
 
 
@@ -187,7 +187,8 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
     counters = {"connections": 0, "opened": 0}
     # connections  accepted on .addr; bumped by the accept loop
     # opened       opened by this object to its upstream; bumped by connect()
-    listen_addr = None   # where __init__ listens; None is 127.0.0.1, port 0; a subclass may say ("::1", 0)
+    # where __init__ listens; None is 127.0.0.1, port 0; a subclass may say ("::1", 0)
+    listen_addr = None
 
     def __init__(self, workers=1):
         super().__init__()
@@ -203,7 +204,8 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
 
     def listen(self, addr):
         """Listen on addr (port 0: a free port, then in .addr) and start accepting."""
-        family = socket.getaddrinfo(*host_and_port(addr), type=socket.SOCK_STREAM)[0][0]   # "::1": IPv6
+        # the address family from the address itself: "::1" is IPv6
+        family = socket.getaddrinfo(*host_and_port(addr), type=socket.SOCK_STREAM)[0][0]
         self._listener = socket.create_server(addr, family=family, backlog=LISTEN_BACKLOG,
                                               reuse_port=self.workers > 1)
         self.addr = self._listener.getsockname()
@@ -242,14 +244,15 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
                 self.track(conn)   # after close(), track() shuts it down at once
                 self.count("connections")
                 self.spawn(self.serve_connection, conn)
-            except Exception:   # RuntimeError: can't start new thread; threads free up as clients leave
+            except Exception:   # RuntimeError, can't start new thread: they free up as clients go
                 self.forget(conn)
                 time.sleep(ACCEPT_BACKOFF)
 
     def serve_connection(self, conn):
-        """handle(conn) on the connection's thread; the connection is closed after, whatever happened."""
+        """handle(conn) on the connection's thread; the connection is closed after, whatever
+        happened."""
         try:
-            with contextlib.suppress(OSError):   # a peer that vanished mid-conversation is owed nothing
+            with contextlib.suppress(OSError):   # a peer that vanished mid-talk is owed nothing
                 try:
                     self.handle(conn)
                 except LineTooLong as error:
@@ -347,7 +350,7 @@ class Upstream(Server):
         self.split_at = split_at
         self.pause = pause or (lambda number: None)
         self._reply_numbers = itertools.count(1)   # numbers replies for pause()
-        self.parsed = collections.deque(maxlen=1000)   # the latest request lines, loggable(), in order
+        self.parsed = collections.deque(maxlen=1000)   # the latest request lines, loggable()
 
     def handle(self, conn):
         """Read and parse on this thread; a writer thread sends the replies in order,
@@ -513,7 +516,7 @@ class Frames:
         unread, parser, messages = self.unread, self._parser, []
         if getattr(parser, "fresh", False) and (ends := parser.ends(unread)):
             last, start = ends[-1], 0
-            taken = bytes(unread if last == len(unread) else unread[:last])   # one copy for them all
+            taken = bytes(unread if last == len(unread) else unread[:last])   # one copy for all
             del unread[:last]
             for end in ends:
                 messages.append(taken[start:end])
@@ -607,11 +610,11 @@ class LineFraming:
         if len(line) > MAX_LINE and reply == b"ERR line longer than %d bytes\n" % MAX_LINE:
             return True
         expected = answer(line)
-        if expected.startswith((b"ERR ", b"PONG\n")):   # no value in it: the request says every byte
+        if expected.startswith((b"ERR ", b"PONG\n")):   # no value: the request says every byte
             return reply == expected
         head = expected[:-13]   # b"k=": the key and the separator, before the value and b"\n"
         value = reply[len(head):-1]   # 12 copies of one byte, if the reply is a value at all
-        return reply.startswith(head) and reply.endswith(b"\n") and len(value) == 12 == value.count(value[:1])
+        return reply == head + value + b"\n" and len(value) == 12 == value.count(value[:1])
 
     def reply_parser(self, passing=False):
         """What reads one reply as it grows: it searches only bytes it has not seen (no line is
@@ -757,9 +760,9 @@ class FramedProxy(Server):
         """Lend an idle connection that is quiet, else open one below the cap, else wait
         (checkout_timeout at most: TimeoutError)."""
         with self._lock:
-            if not self._lock.wait_for(lambda: self.idle or self.open < self.pool_cap or self.closed,
-                                       self.checkout_timeout):
-                raise TimeoutError(f"no upstream connection free within {self.checkout_timeout:g} s")
+            if not self._lock.wait_for(lambda: self.idle or self.open < self.pool_cap
+                                       or self.closed, wait := self.checkout_timeout):
+                raise TimeoutError(f"no upstream connection free within {wait:g} s")
             if self.closed:
                 raise ConnectionAbortedError("proxy closed")
             while self.idle:   # each one that is not quiet is closed, freeing its slot
@@ -803,8 +806,8 @@ class FramedProxy(Server):
                     if reply is not None:
                         passing(reply)   # a piece of a long reply, on its way to the client
                         continue
-                    if len(frames.unread) > self.framing.max_reply:
-                        raise OutOfStep(f"out of step: a reply longer than {self.framing.max_reply} bytes")
+                    if len(frames.unread) > (longest := self.framing.max_reply):
+                        raise OutOfStep(f"out of step: a reply longer than {longest} bytes")
                     if frames.unread:
                         self.count("partial_replies")
                     frames.feed(self.more_before(sock, deadline))

@@ -5,7 +5,7 @@
     python3 -m bench --only scale    one section (or several, comma-separated)
     python3 -m bench --only redis    redis-benchmark through the project's relays and the real ones
     python3 -m bench --json FILE     also write every raw figure to FILE
-    python3 -m bench --profile       also profile the proxies' threads under load
+    python3 -m bench --profile       with redis: also profile the Python relays under redis-benchmark
     python3 -m bench --perf          also count the futex() calls of each alternative (perf, Linux)
 
 The bench in reading order:
@@ -15,10 +15,10 @@ The bench in reading order:
                           pipelining against pooling
     bench/mechanisms.py   the mechanism study: the alternatives to PassthroughProxy's
                           mechanism, CPU placement on and off, 1,000 and 5,000 clients
-                          (scale), profiles
+                          (scale)
     bench/redis_peers.py  redis-benchmark against a private redis-server, directly and
                           through the project's relays, socat, HAProxy and twemproxy
-    bench/machinery.py    what they share: server processes, load generators, tables
+    bench/machinery.py    what they share: server processes, the load generator, tables
     bench/placement.py    the CPU-placement mixin every project relay runs with
     this module           the sections in order, the targets set for the bench, the
                           header, --json; a section that fails says why in one line
@@ -32,7 +32,7 @@ import sys
 import time
 
 from bench import cited, mechanisms, redis_peers
-from bench.cited import CLIENT_COUNTS, THREADED_CLIENTS
+from bench.cited import CLIENT_COUNTS
 from bench.machinery import low_high, one_line, progress, raise_open_file_limit, ratio, spread, table
 from bench.mechanisms import SCALE_CLIENTS, SCALE_POOL_CAP
 
@@ -42,18 +42,15 @@ def targets(results):
     """Each target with the figure measured and whether it was reached, for the
     sections that finished."""
     found = []
-    rows = {(row["relay"], row["clients"], row["load"]): row
-            for row in (results.get("overhead") or {}).get("rows", [])}
-    comparisons = [("PassthroughProxy", "socat", client_count, "selector", 0.9) for client_count in CLIENT_COUNTS]
-    comparisons.append(("PassthroughProxy", "socat", THREADED_CLIENTS, "threads", 0.9))
-    comparisons += [(f"FramedProxy cap {SCALE_POOL_CAP}", "PassthroughProxy", THREADED_CLIENTS, load, 0.75)
-                    for load in ("selector", "threads")]
-    for name, other, client_count, load, least in comparisons:
-        if (name, client_count, load) not in rows or (other, client_count, load) not in rows:
+    rows = {(row["relay"], row["clients"]): row for row in (results.get("overhead") or {}).get("rows", [])}
+    comparisons = [("PassthroughProxy", "socat", client_count, 0.9) for client_count in CLIENT_COUNTS]
+    comparisons.append((f"FramedProxy cap {SCALE_POOL_CAP}", "PassthroughProxy", 8, 0.75))
+    for name, other, client_count, least in comparisons:
+        if (name, client_count) not in rows or (other, client_count) not in rows:
             continue   # socat may be absent
-        mine, theirs = rows[(name, client_count, load)]["runs"], rows[(other, client_count, load)]["runs"]
+        mine, theirs = rows[(name, client_count)]["runs"], rows[(other, client_count)]["runs"]
         figures = spread([ratio(a["rate"], b["rate"]) for a, b in zip(mine, theirs)])
-        found.append((f"{name} >= {least}x {other}, {client_count} client(s), {load} load",
+        found.append((f"{name} >= {least}x {other}, {client_count} client(s)",
                       f"{figures['median']:.2f}x ({low_high(figures, '{:.2f}')})", figures["median"] >= least))
     for row in (results.get("head_of_line") or {}).get("rows", []):
         found.append((f"head-of-line cap {row['pool_cap']} within max(3 ms, 10%) of "
@@ -94,13 +91,13 @@ def parse_arguments(argv=None):
                         help="3 short repetitions, and 1,000 clients only: under a minute on a busy machine")
     parser.add_argument("--json", metavar="FILE", help="write every raw figure to FILE")
     parser.add_argument("--profile", action="store_true",
-                        help="also profile PassthroughProxy and FramedProxy under load (cProfile, every thread); "
-                             "with redis, PassthroughProxy and ManagedProxy(RESP) under redis-benchmark")
+                        help="with redis: also profile PassthroughProxy and ManagedProxy(RESP) under "
+                             "redis-benchmark (cProfile, every thread)")
     parser.add_argument("--perf", action="store_true",
                         help="alternatives: count each Python relay's futex() calls with `perf stat` (Linux, root)")
     parser.add_argument("--only", metavar="SECTIONS",
                         help="comma-separated sections to run (default all): " + ", ".join(SECTION_NAMES)
-                             + "; also profile, redis_profile (what --profile adds)")
+                             + "; also redis_profile (what --profile adds)")
     parser.add_argument("--repetitions", type=int, help="repetitions per comparison (default 5, quick 3)")
     parser.add_argument("--seconds", type=float, help="seconds per comparison measurement (default 1, quick 0.1)")
     return parser.parse_args(argv)
@@ -128,10 +125,7 @@ def sections(arguments, notes):
                                                   run_seconds=0.3 if arguments.quick else 1.0),
                   redis_peers.render_redis),
     }
-    every["profile"] = (lambda: mechanisms.profile(seconds=2 * seconds), mechanisms.render_profile)
-    every["redis_profile"] = (lambda: redis_peers.profile(notes), redis_peers.render_profile)
-    if arguments.profile:
-        chosen.append("profile")
+    every["redis_profile"] = (lambda: redis_peers.profile(), redis_peers.render_profile)
     if arguments.profile and "redis" in chosen:
         chosen.append("redis_profile")
     return [(name, *every[name]) for name in chosen]

@@ -1,8 +1,8 @@
 """bench.cited: the figures the commentary and BENCH.md cite, and how each is taken.
 
     overhead       what a hop costs: round trips through PassthroughProxy, FramedProxy
-                   (caps 1, 8, 64), socat and HAProxy to the lean upstream, at 1, 8
-                   and 64 clients (8 also with a thread per client): requests/s,
+                   (caps 1 and 8), socat and HAProxy to the lean upstream, at 1, 8
+                   and 64 clients: requests/s,
                    ratios to direct and to socat from the same repetition, latency,
                    CPU per request of the relay's process and of the upstream's
     nagle          a request written in two parts 2 ms apart, through a relay with
@@ -31,11 +31,10 @@ from bench.machinery import (START_TIMEOUT, ExternalRelay, ServiceProcess, close
                              tool_path)
 
 CLIENT_COUNTS = (1, 8, 64)         # overhead: clients at once
-POOL_CAPS = (1, 8, 64)             # overhead: FramedProxy's caps
+POOL_CAPS = (1, 8)                 # overhead: FramedProxy's caps
 REPLY_DELAY = 0.020                # head-of-line: D, the upstream's delay per reply
 HEAD_OF_LINE_CLIENTS = 8           # head-of-line: N
 HEAD_OF_LINE_CAPS = (1, 2, 4, 8)   # head-of-line: C
-THREADED_CLIENTS = 8               # overhead: the row also measured with a thread per client
 
 
 class NaglePassthroughProxy(PassthroughProxy):
@@ -66,13 +65,11 @@ def start_relays(upstream_addr, notes, stack):
 
 
 def overhead(repetitions, seconds, notes):
-    """Round trips through each relay to the lean upstream, at 1, 8 and 64
-    clients; the 8-client row also with a thread per client."""
+    """Round trips through each relay to the lean upstream, at 1, 8 and 64 clients."""
     with contextlib.ExitStack() as stack:
         upstream = stack.enter_context(ServiceProcess("lean-upstream"))
         relays = start_relays(upstream.addr, notes, stack)
-        rows = compare_relays(relays, upstream, CLIENT_COUNTS, repetitions, seconds,
-                              loads=lambda count: ["selector", "threads"] if count == THREADED_CLIENTS else ["selector"])
+        rows = compare_relays(relays, upstream, CLIENT_COUNTS, repetitions, seconds)
     return {"rows": rows, "repetitions": repetitions, "seconds_each": seconds}
 
 

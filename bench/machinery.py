@@ -6,7 +6,7 @@ how a figure was taken.
     LeanUpstream, DistantUpstream
                        the line servers behind the relays: answer() and nothing
                        else per request; one whose delays overlap (a far upstream)
-    ProfiledThreads    per-thread cProfile, for --profile
+    ProfiledThreads    per-thread cProfile, for --profile (bench/redis_peers.py)
     build_server()     the server a child process runs: a kind named here, or a
                        server class of a section module (constructed with the
                        upstream's address), with its connections' threads placed
@@ -17,10 +17,9 @@ how a figure was taken.
                        its peak threads, peak RSS and CPU time
     ExternalRelay      socat or HAProxy (TCP mode) as a subprocess, when installed
                        (`make bench-tools`); its CPU time read from /proc
-    Client, exchange_rounds(), threaded_round_trips(), throughput()
-                       the load generators: one thread and one selector for any
-                       number of clients, or a thread per client; every reply is
-                       checked against answer()
+    Client, exchange_rounds(), throughput()
+                       the load generator: one thread and one selector for any
+                       number of clients; every reply is checked against answer()
     measured_with_usage(), compare_relays()
                        relays measured in turn within each repetition, ratios to
                        direct and to socat from the same repetition
@@ -56,6 +55,7 @@ from tcp_proxy import (MAX_LINE, FramedProxy, LineTooLong, PassthroughProxy, Ser
 
 from bench import placement
 from part2 import managed
+from scaffolding.kit import free_port   # for tools that cannot report the port they took
 
 MOST_CLIENTS = 5000                # the most clients any section connects at once (scale)
 START_TIMEOUT = 10.0               # seconds a server process may take to listen
@@ -95,9 +95,6 @@ class LeanUpstream(Server):
             if len(buffer) > MAX_LINE:
                 raise LineTooLong(f"line longer than {MAX_LINE} bytes")
             conn.sendall(b"".join(map(answer, lines)))
-
-
-# The alternatives to PassthroughProxy's mechanism, measured side by side by the
 
 
 
@@ -326,13 +323,6 @@ def tool_path(tool):
     """Where an installed tool is, or None; sbin too, where Debian puts haproxy and
     nutcracker and a user's PATH may not look."""
     return shutil.which(tool) or shutil.which(tool, path="/usr/local/sbin:/usr/sbin:/sbin")
-
-
-def free_port():
-    """A port the OS has just handed out, for tools that cannot report theirs."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 HAPROXY_CONFIG = """\
@@ -584,54 +574,6 @@ def exchange_rounds(clients, requests_each, seconds=None):
     return measured
 
 
-def threaded_round_trips(addr, client_count, seconds):
-    """The other load generator: a thread per client, each with a blocking socket
-    doing request -> reply round trips for `seconds` (after one untimed warm-up
-    round trip); the figures of all of them in one Round."""
-    clients = connect_clients(addr, client_count)
-    measured = Round()
-    lock = threading.Lock()
-
-    def run(client):
-        reader = client.sock.makefile("rb")
-        latencies, answered, wrong = [], 0, 0
-        try:
-            client.send_request()
-            reader.readline()
-            start.wait()
-            while time.perf_counter() < deadline:
-                client.send_request()
-                reply = reader.readline()
-                latencies.append(time.perf_counter() - client.sent_at)
-                if reply == answer(client.request[:-1]):
-                    answered += 1
-                else:
-                    wrong += 1
-        except OSError:
-            pass
-        finally:
-            reader.close()
-            with lock:
-                measured.latencies.extend(latencies)
-                measured.answered += answered
-                measured.wrong += wrong
-
-    start = threading.Event()
-    threads = [threading.Thread(target=run, args=(client,)) for client in clients]
-    try:
-        for thread in threads:
-            thread.start()
-        measured.started = time.perf_counter()
-        deadline = measured.started + seconds
-        start.set()
-        for thread in threads:
-            thread.join(seconds + REPLY_GRACE)
-        measured.finished = time.perf_counter()
-    finally:
-        close_clients(clients)
-    return measured
-
-
 def throughput(addr, client_count, seconds):
     """Connect, warm every connection with one round trip, then measure."""
     clients = connect_clients(addr, client_count)
@@ -650,9 +592,6 @@ def spread(values):
 
 def ratio(mine, theirs):
     return mine / theirs if theirs else math.nan
-
-
-LOAD_GENERATORS = {"selector": throughput, "threads": threaded_round_trips}
 
 
 class FutexCalls:
@@ -675,13 +614,13 @@ class FutexCalls:
         self.count = counts[0] if counts else None
 
 
-def measured_with_usage(load, addr, client_count, seconds, processes, count_futexes=False):
-    """One measurement with the load generator named by `load`; the Round, and
+def measured_with_usage(addr, client_count, seconds, processes, count_futexes=False):
+    """One measurement of throughput(); the Round, and
     for each process its CPU microseconds (user, system) and context switches
     per answered request while it ran (and the last process's futex calls)."""
     before = [process.usage() for process in processes]
     with FutexCalls(processes[-1].process.pid) if count_futexes else contextlib.nullcontext() as futexes:
-        measured = LOAD_GENERATORS[load](addr, client_count, seconds)
+        measured = throughput(addr, client_count, seconds)
     after = [process.usage() for process in processes]
     answered = max(measured.answered, 1)
     per_request = []
@@ -696,39 +635,37 @@ def measured_with_usage(load, addr, client_count, seconds, processes, count_fute
 
 
 
-def compare_relays(relays, upstream, client_counts, repetitions, seconds, loads=lambda client_count: ["selector"],
-                   count_futexes=False):
+def compare_relays(relays, upstream, client_counts, repetitions, seconds, count_futexes=False):
     """Every relay (and a direct connection) measured in turn, repetition by
     repetition; each row's ratios to direct and to socat come from the same
     repetition, and each relay in turn is measured first after direct."""
-    samples = {}   # (relay, clients, load) -> one dict per repetition
+    samples = {}   # (relay, clients) -> one dict per repetition
     names = list(relays)
     for repetition in range(repetitions):
         for client_count in client_counts:
-            for load in loads(client_count):
-                progress(f"repetition {repetition + 1}/{repetitions}, {client_count} clients, {load} load")
-                turn = repetition % len(names)
-                for name in ["direct"] + names[turn:] + names[:turn]:
-                    relay = relays.get(name)
-                    processes = [upstream] + ([relay] if relay else [])
-                    measured, usage = measured_with_usage(
-                        load, relay.addr if relay else upstream.addr, client_count, seconds, processes,
-                        count_futexes and isinstance(relay, ServiceProcess))
-                    samples.setdefault((name, client_count, load), []).append({
-                        "rate": measured.rate, "answered": measured.answered,
-                        "p50_us": measured.percentile(0.50) * 1e6, "p99_us": measured.percentile(0.99) * 1e6,
-                        "wrong": measured.wrong + measured.unanswered,
-                        "upstream_cpu_us": usage[0]["cpu_us"],
-                        "relay": usage[1] if relay else None})
+            progress(f"repetition {repetition + 1}/{repetitions}, {client_count} clients")
+            turn = repetition % len(names)
+            for name in ["direct"] + names[turn:] + names[:turn]:
+                relay = relays.get(name)
+                processes = [upstream] + ([relay] if relay else [])
+                measured, usage = measured_with_usage(
+                    relay.addr if relay else upstream.addr, client_count, seconds, processes,
+                    count_futexes and isinstance(relay, ServiceProcess))
+                samples.setdefault((name, client_count), []).append({
+                    "rate": measured.rate, "answered": measured.answered,
+                    "p50_us": measured.percentile(0.50) * 1e6, "p99_us": measured.percentile(0.99) * 1e6,
+                    "wrong": measured.wrong + measured.unanswered,
+                    "upstream_cpu_us": usage[0]["cpu_us"],
+                    "relay": usage[1] if relay else None})
     rows = []
-    for (name, client_count, load), runs in samples.items():
-        direct = samples[("direct", client_count, load)]
-        socat = samples.get(("socat", client_count, load))
+    for (name, client_count), runs in samples.items():
+        direct = samples[("direct", client_count)]
+        socat = samples.get(("socat", client_count))
         relay_usage = [run["relay"] for run in runs if run["relay"]]
         switches = [usage["switches"] for usage in relay_usage if usage["switches"] is not None]
         futexes = [usage["futexes"] for usage in relay_usage if usage.get("futexes") is not None]
         rows.append({
-            "relay": name, "clients": client_count, "load": load, "runs": runs,
+            "relay": name, "clients": client_count, "runs": runs,
             "rate": spread([run["rate"] for run in runs]),
             "x_direct": spread([ratio(run["rate"], other["rate"]) for run, other in zip(runs, direct)]),
             "x_socat": socat and spread([ratio(run["rate"], other["rate"]) for run, other in zip(runs, socat)]),
@@ -776,17 +713,17 @@ def cpu_cell(value):
     return f"{value:.0f}" if value else "-"
 
 
-def render_comparison(title, section, left_columns=3):
+def render_comparison(title, section, left_columns=2):
     return table(
         title,
-        ["relay", "clients", "load", "req/s", "x direct", "x socat (range)", "p50 us", "p99 us",
+        ["relay", "clients", "req/s", "x direct", "x socat (range)", "p50 us", "p99 us",
          "relay CPU us/req", "user", "system", "switches/req", "futex/req", "upstream CPU us/req", "wrong"],
-        [[row["relay"], row["clients"], row["load"], f"{row['rate']['median']:.0f}",
+        [[row["relay"], row["clients"], f"{row['rate']['median']:.0f}",
           f"{row['x_direct']['median']:.2f}", ratio_cell(row["x_socat"]),
           f"{row['p50_us']:.0f}", f"{row['p99_us']:.0f}", cpu_cell(row["relay_cpu_us"]),
           cpu_cell(row["relay_user_us"]), cpu_cell(row["relay_system_us"]),
           f"{row['switches']:.1f}" if row["switches"] else "-",
           f"{row['futexes']:.2f}" if row.get("futexes") else "-", f"{row['upstream_cpu_us']:.0f}", row["wrong"]]
-         for row in sorted(section["rows"], key=lambda row: (row["clients"], row["load"] != "selector"))],
+         for row in sorted(section["rows"], key=lambda row: row["clients"])],
         left_columns)
 

@@ -2,7 +2,7 @@
 what" and "Where a thread per client stops"; a reader of the cited figures
 (bench/cited.py) need not read it.
 
-    Uncounted..., NotifyIfWaited..., SplicePassthroughProxy, OneThreadPassthroughProxy
+    Uncounted..., SplicePassthroughProxy, OneThreadPassthroughProxy
                    the alternatives to PassthroughProxy's mechanism, each a change
                    to its pump or its threads
     alternatives   each alternative, PassthroughProxy with its threads placed on one
@@ -14,8 +14,6 @@ what" and "Where a thread per client stops"; a reader of the cited figures
                    through PassthroughProxy and FramedProxy cap 8 (placed and not)
                    and HAProxy: connect and accept times, p50 and p99, peak threads
                    and peak RSS
-    profile        (--profile) every thread of PassthroughProxy and FramedProxy
-                   profiled under load, the top functions by their own time
 """
 import contextlib
 import os
@@ -28,9 +26,9 @@ from tcp_proxy import PassthroughProxy, recv, shutdown
 
 from bench.machinery import (STOP_TIMEOUT, ExternalRelay, ServiceProcess, close_clients, compare_relays,
                              connect_clients, exchange_rounds, one_line, progress, render_comparison, table,
-                             throughput, tool_path)
+                             tool_path)
 
-ALTERNATIVE_CLIENTS = (1, 8, 64)   # alternatives: clients at once
+ALTERNATIVE_CLIENTS = (8, 64)      # alternatives: clients at once
 SCALE_CLIENTS = (1000, 5000)       # scale: clients at once (--quick: the first only)
 SCALE_POOL_CAP = 8
 SCALE_ROUNDS = 3                   # scale: bursts of one request per client; the median p50 and p99
@@ -47,17 +45,6 @@ class UncountedPassthroughProxy(PassthroughProxy):
     def count(self, name, amount=1):
         if name not in ("forwarded", "returned"):
             super().count(name, amount)
-
-
-class NotifyIfWaitedPassthroughProxy(PassthroughProxy):
-    """A fast path for Hooks.count(): the condition is still taken for every
-    chunk, but notify_all() is skipped when nobody waits."""
-
-    def count(self, name, amount=1):
-        with self._changed:
-            setattr(self, name, getattr(self, name) + amount)
-            if self._changed._waiters:
-                self._changed.notify_all()
 
 
 class SplicePassthroughProxy(PassthroughProxy):
@@ -123,7 +110,6 @@ UNPINNED = {"sockets_per_cpu": 0}
 ALTERNATIVES = (("PassthroughProxy as it is (one CPU)", "passthrough", {}),
                 ("threads not pinned", "passthrough", UNPINNED),
                 ("not pinned, no counting in the pumps", UncountedPassthroughProxy, UNPINNED),
-                ("not pinned, count() without notify_all()", NotifyIfWaitedPassthroughProxy, UNPINNED),
                 ("whole process pinned to one CPU", "pinned-passthrough", UNPINNED),
                 ("os.splice() through a pipe", SplicePassthroughProxy, UNPINNED),
                 ("one selector thread for all bytes", OneThreadPassthroughProxy, UNPINNED),
@@ -225,21 +211,6 @@ def scale(client_counts, notes):
     return {"rows": rows}
 
 
-def profile(seconds):
-    """Where a proxy's CPU time goes: every thread profiled, merged, the top
-    functions by their own time."""
-    reports = {}
-    with ServiceProcess("lean-upstream") as upstream:
-        for label, kind, client_count, options in (("PassthroughProxy", "passthrough", 8, {}),
-                                                   ("FramedProxy cap 8", "framed", 8, {"pool_cap": 8})):
-            with ServiceProcess(kind, upstream.addr, profile=True, **options) as proxy:
-                measured = throughput(proxy.addr, client_count, seconds)
-            reports[label] = {"requests": measured.answered, "clients": client_count,
-                              "cpu_seconds": proxy.report["cpu_seconds"], "profile": proxy.report["profile"]}
-    return reports
-
-
-
 # --- the tables -----------------------------------------------------------------------------
 
 def render_alternatives(section):
@@ -260,11 +231,3 @@ def render_scale(section):
           f"{row['accepted_ms']:.0f}", f"{row['p50_ms']:.1f}", f"{row['p99_ms']:.1f}",
           row["peak_threads"] or "-", "-" if row["peak_rss_mb"] is None else f"{row['peak_rss_mb']:.1f}"]
          for row in section["rows"]])
-
-
-def render_profile(section):
-    return "\n".join(f"Profile of {label}: {report['requests']} requests from {report['clients']} clients, "
-                     f"{report['cpu_seconds']:.2f} s of process CPU, every thread profiled "
-                     f"(profiling slows it)\n{report['profile']}" for label, report in section.items())
-
-

@@ -29,12 +29,10 @@ redis-benchmark does not check what it reads. check_values() does, for every
 target: threads SET random keys to random values and GET them back, one at a
 time and pipelined in pairs; a value that is not the one written counts as
 wrong. A target that is missing (nutcracker, haproxy, socat) is skipped with a
-note that says how to get it; a project relay that cannot yet read a RESP array
-(a request redis-benchmark sends) is skipped with "needs request framing".
+note that says how to get it.
 """
 import contextlib
 import csv
-import inspect
 import random
 import socket
 import statistics
@@ -42,9 +40,8 @@ import subprocess
 import threading
 import time
 
-from part2 import managed
 from part3 import resp
-from scaffolding.redis_server import RedisControl, RedisServer, read_resp
+from part3.redis_server import RedisControl, RedisServer, read_resp
 
 from bench.machinery import (START_TIMEOUT, ExternalRelay, Running, ServiceProcess, low_high, one_line, progress,
                              ratio, spread, table, tool_path)
@@ -61,11 +58,9 @@ BENCHMARK_TIMEOUT = 60.0           # seconds one redis-benchmark run may take be
 SAMPLE_EVERY = 0.02                # seconds between CLIENT LIST samples during a run
 CHECK_THREADS = 8                  # check_values(): threads, each with its own connection
 CHECK_PAIRS = 150                  # check_values(): SET+GET pairs per thread
-PROBE = b"*2\r\n$3\r\nGET\r\n$18\r\nbench:probe:absent\r\n"   # a RESP array, as every real client sends
 GET_THEM = "`make bench-tools` installs it"
 WORKERS_LABEL = "PassthroughProxy, 2 workers, placed"   # a process per core (Server's workers=)
 WORKERS_TARGETS = ((8, 1.0), (64, 1.2))   # (clients, the least x socat at pipeline 1)
-NEEDS_REQUEST_FRAMING = "needs request framing"
 MANAGED_LABEL = "ManagedProxy(RESP) 1 conn"
 MANAGED_TARGETS = ((64, 1, 0.8), (64, 16, 0.8), (8, 1, 0.7))   # (clients, -P, the least x twemproxy)
 MANAGED_CPU_US = 12.0              # the most CPU per request ManagedProxy may spend, 64 clients, -P 1
@@ -80,11 +75,6 @@ class Direct(Running):
         self.addr = redis.addr
 
 
-def managed_takes_framing():
-    """True once Part two's ManagedProxy (or the ManagedSet it builds) takes a framing object (issue 18)."""
-    return any("framing" in inspect.signature(part).parameters for part in (managed.ManagedProxy, managed.ManagedSet))
-
-
 def target_specs():
     """(label, layer, tool needed or None, start(redis_addr) -> Running) for every target, in table order."""
     return [
@@ -97,7 +87,7 @@ def target_specs():
         ("haproxy", "4", "haproxy", lambda addr: ExternalRelay("haproxy", addr)),
         (f"FramedProxy(RESP) cap {FRAMED_POOL_CAP}, placed", "7", None,
          lambda addr: ServiceProcess("framed", addr, pool_cap=FRAMED_POOL_CAP, framing=resp.RESP)),
-        (MANAGED_LABEL, "7", "managed-framing",   # one loop thread: nothing to place
+        (MANAGED_LABEL, "7", None,   # one loop thread: nothing to place
          lambda addr: ServiceProcess("managed", addr, connections=1, framing=resp.RESP)),
         ("twemproxy", "7", "nutcracker", lambda addr: ExternalRelay("nutcracker", addr)),
     ]
@@ -109,15 +99,6 @@ class Replies:
     def __init__(self, sock):
         self.sock = sock
         self.unread = b""
-
-
-def speaks_resp_arrays(addr, timeout=2.0):
-    """True if a GET sent as a RESP array through addr comes back as one RESP nil."""
-    with contextlib.suppress(OSError), socket.create_connection(addr, timeout=timeout) as sock:
-        sock.sendall(PROBE)
-        with contextlib.suppress(ValueError):
-            return read_resp(Replies(sock)) == b"$-1\r\n"
-    return False
 
 
 class Target:
@@ -149,18 +130,11 @@ def start_targets(stack, notes):
     """Every target that can run here, each entered on stack; a note for each that cannot."""
     targets = []
     for label, layer, needs, start in target_specs():
-        if needs == "managed-framing" and not managed_takes_framing():
-            notes.append(f"redis, {label}: skipped, {NEEDS_REQUEST_FRAMING} (ManagedProxy takes no framing yet)")
-            continue
-        if needs not in (None, "managed-framing") and not tool_path(needs):
+        if needs is not None and not tool_path(needs):
             notes.append(f"redis, {label}: skipped, {needs} is not installed ({GET_THEM})")
             continue
         redis = stack.enter_context(RedisServer())
         relay = stack.enter_context(start(redis.addr) if start else Direct(redis))
-        if not speaks_resp_arrays(relay.addr):
-            notes.append(f"redis, {label}: skipped, {NEEDS_REQUEST_FRAMING} (a RESP array GET got no RESP reply)")
-            relay.stop()
-            continue
         target = Target(label, layer, redis, relay)
         stack.callback(target.close)
         targets.append(target)
@@ -408,14 +382,11 @@ PROFILED = (("PassthroughProxy, placed", "passthrough", {}, 20_000),
             (MANAGED_LABEL, "managed", {"connections": 1, "framing": resp.RESP}, 4_000))
 
 
-def profile(notes, clients=64):
+def profile(clients=64):
     """(--profile) Where the Python relays' CPU goes under redis-benchmark: every
     thread profiled (cProfile), merged, the top functions by their own time."""
     reports = {}
     for label, kind, options, requests in PROFILED:
-        if kind == "managed" and not managed_takes_framing():
-            notes.append(f"redis profile, {label}: skipped, {NEEDS_REQUEST_FRAMING}")
-            continue
         with RedisServer() as redis, ServiceProcess(kind, redis.addr, profile=True, **options) as proxy, \
                 contextlib.closing(Target(label, "-", redis, proxy)) as target:
             rate, _, usage = run_benchmark(target, clients, 1, requests)

@@ -9,7 +9,8 @@ hook (wait_<counter>(n)) or moves the virtual clock.
 import contextlib
 import socket
 
-from part2.managed import ManagedClient, ManagedError, ManagedProxy, ManagedSet, ReliabilityCache, VirtualClock
+from part2.managed import (ManagedClient, ManagedError, ManagedProxy, ManagedSet, ReliabilityCache,
+                           VirtualClock)
 from scaffolding import kit
 from scaffolding.faults import FaultyUpstream
 from tcp_proxy import Hooks, read_lines
@@ -44,7 +45,8 @@ def show_transitions(client, first=0):
 
 
 def right(request, reply):
-    """The verdict on one reply as printed: its own value, an error, or a value that is not its own."""
+    """The verdict on one reply as printed: its own value, an error, or a value that is not
+    its own."""
     key = request.split()[1]
     if reply == f"{key}={key[0].upper() * 12}":
         return "right"
@@ -94,7 +96,8 @@ def restart():
         print("upstream back on the same port; GET two ->", outcome(client.call, b"GET two\n"))
         print(f"  connections made: {client.connects}")
         upstream.fail_next(1)   # the connection dies with the next call in flight
-        print("a call in flight when the connection dies: GET three ->", outcome(client.call, b"GET three\n"))
+        print("a call in flight when the connection dies: GET three ->",
+              outcome(client.call, b"GET three\n"))
         show_transitions(client, first=5)
         client.shut_down()
 
@@ -109,17 +112,20 @@ def restart():
         print(f"the same through idempotent_call: GET four -> {call.result()}")
         for _, number, _, result in attempts:
             print(f"  attempt {number}: {result}")
-        print(f"  attempts: {managed_set.attempts}, retries: {managed_set.retries}, t={clock.now()}s")
+        print(f"  attempts: {managed_set.attempts}, retries: {managed_set.retries}, "
+              f"t={clock.now()}s")
         managed_set.shut_down()
 
 
 def initial_ping():
-    for label, silent in (("an upstream that accepts and never answers", True), ("an upstream that answers", False)):
+    for label, silent in (("an upstream that accepts and never answers", True),
+                          ("an upstream that answers", False)):
         clock = VirtualClock()
         with FaultyUpstream(every="skip" if silent else None) as upstream:
             client = ManagedClient(upstream.addr, initial_ping=True, msg_timeout=1.0, clock=clock)
             print(f"{label}, two calls waiting on the initial ping:")
-            calls = [in_background(client.call, b"GET secret\n"), in_background(client.call, b"GET other\n")]
+            calls = [in_background(client.call, b"GET secret\n"),
+                     in_background(client.call, b"GET other\n")]
             client.wait_calls(2)
             upstream.wait_requests(1)
             if silent:   # both calls wait on the ping: the one that sent it, and the other
@@ -139,8 +145,8 @@ def failover():
     with FaultyUpstream() as first, FaultyUpstream() as second:
         names = {0: "A", 1: "B", None: "-"}
         attempts = []
-        managed_set = ManagedSet([(first.addr, 1), (second.addr, 1)], policy="failover", rcache=cache,
-                                 clock=clock, idempotent_wait=0.0,
+        managed_set = ManagedSet([(first.addr, 1), (second.addr, 1)], policy="failover",
+                                 rcache=cache, clock=clock, idempotent_wait=0.0,
                                  on_event=lambda source, event: attempts.append(event)
                                  if event[0] == "attempt" else None)
         first.close()
@@ -199,7 +205,8 @@ def pipelining():
             clients = [in_background(ask, proxy.addr, lines) for lines in requests]
             replies = [client.result() for client in clients]
             good = sum(right(request, reply) == "right"
-                       for lines, answers in zip(requests, replies) for request, reply in zip(lines, answers))
+                       for lines, answers in zip(requests, replies)
+                       for request, reply in zip(lines, answers))
             print("8 clients x 3 requests through one upstream connection, pending_calls_max=8;")
             print("the upstream holds every reply until 8 requests have arrived:")
             print(f"  {good}/24 right; upstream connections: {upstream.connections}; "

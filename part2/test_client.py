@@ -1,19 +1,15 @@
 """ManagedClient's claims (part2/client.py): a thread's call and its deadline, the two rules
 for a timed-out call (and the forgetful one they replace), the cache asked first, bad
 input, shut_down(), and the events a client tells, made on its loop's thread."""
-import contextlib
 import math
 import threading
 
 import pytest
 
-from conftest import need_redis
 from part2.managed import (ManagedClient, ManagedError, ManagedSet, ReliabilityCache, ServiceUnavailable,
                            VirtualClock)
 from part2.managed_demo import in_background, outcome
-from part3.resp import RESP
 from scaffolding.faults import FaultyUpstream
-from scaffolding.redis_server import redis_and_control
 from tcp_proxy import Hooks, answer
 
 A = ("127.0.0.2", 7001)   # nothing listens there
@@ -242,26 +238,3 @@ def test_a_blocking_call_from_an_availability_callback_is_refused_with_a_clear_e
                         "callback) is refused: make it from on_event or another thread"]
         assert list(upstream.parsed) == ["GET a"]
         managed_set.shut_down()
-
-
-# --- over RESP -------------------------------------------------------------------------------
-
-def test_a_managed_client_over_resp_pipelines_behind_a_blocked_call_and_matches_replies_in_order():
-    need_redis()
-    with contextlib.ExitStack() as stack:
-        redis, control = redis_and_control(stack)
-        values = [b"one", b"two", b"three", b"four"]
-        for n, value in enumerate(values):
-            assert control.command(f"SET pipelined:{n} {value.decode()}") == b"+OK\r\n"
-        client = ManagedClient(redis.addr, framing=RESP)
-        stack.callback(client.shut_down)
-        blocked = in_background(client.call, b"BLPOP gate 0\r\n")   # Redis answers nothing behind it until a push
-        client.wait_written(1)
-        gets = []
-        for n in range(4):
-            gets.append(in_background(client.call, b"GET pipelined:%d\r\n" % n))
-            client.wait_written(n + 2)
-        assert (client.replies, client.pending_calls, client.connects) == (0, 5, 1)   # five on one connection
-        assert control.command("LPUSH gate x") == b":1\r\n"
-        assert blocked.result() == "*2\r\n$4\r\ngate\r\n$1\r\nx\r"   # outcome() drops the last b"\n"
-        assert [get.result() for get in gets] == [f"${len(value)}\r\n{value.decode()}\r" for value in values]

@@ -8,21 +8,15 @@ import time
 
 import pytest
 
+from conftest import closed_port_addr
 from part2 import client as clients
 from part2 import connection as connections
 from part2.managed import (CommunicationError, ManagedClient, MessageLost, MessageTimeout,
                            ReliabilityCache, VirtualClock)
 from part2.loop import Loop
 from part2.managed_demo import in_background, outcome
-from part3.resp import RESP
 from scaffolding.faults import FaultyUpstream
 from tcp_proxy import MAX_LINE, LineFraming
-
-
-def closed_port_addr():
-    """An address where nothing listens: a port the OS gave out and took back."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        return listener.getsockname()
 
 
 # --- connecting and the initial ping -----------------------------------------------------
@@ -230,15 +224,6 @@ def test_an_eof_while_only_an_abandoned_call_is_owed_is_quiet():
         client.wait_transitions(3)
         assert (client.errors, cache.errors, client.pending_calls) == (0, 0, 0)
         assert client.transition_log[2] == ("up", "down", "upstream closed the idle connection")
-        client.shut_down()
-
-
-def test_a_reply_the_framing_cannot_read_is_out_of_step_and_costs_the_call_owed_message_lost():
-    with FaultyUpstream() as upstream:   # it answers in the toy protocol: no RESP reply ends with a bare \n
-        client = ManagedClient(upstream.addr, framing=RESP)
-        assert outcome(client.call, b"GET a\r\n").startswith(
-            "MessageLost: upstream out of step: a reply resp.RESP cannot frame (a RESP line ended by a bare \\n")
-        assert (client.errors, client.replies, client.state) == (1, 0, "down")
         client.shut_down()
 
 

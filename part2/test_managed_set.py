@@ -6,12 +6,12 @@ import time
 
 import pytest
 
+from conftest import closed_port_addr
 from part2.managed import (ClusterServiceUnavailable, CommunicationError, ManagedSet, MessageLost,
                            ReliabilityCache, VirtualClock, global_rcache)
 from part2.managed_demo import in_background, outcome
 from part2.managed_set import Batch, choose, service_order
 from part2.pipeline import ClientStream, Pipeline
-from part2.test_connection import closed_port_addr
 from scaffolding.faults import FaultyUpstream
 from tcp_proxy import LINES, Hooks, answer
 

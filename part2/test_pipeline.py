@@ -6,7 +6,6 @@ import pytest
 
 from part2.calls import MessageLost, MessageTimeout, Run
 from part2.pipeline import ClientStream, OutOfStep, Pipeline, hand_out
-from part3.resp import RESP
 from tcp_proxy import LINES, MAX_LINE, answer
 
 
@@ -109,11 +108,7 @@ def test_a_reply_when_none_is_owed_is_out_of_step():
     assert raised.value.reply == b"EXTRA\n" and raised.value.run is None
 
 
-def test_bytes_the_framing_cannot_read_or_longer_than_its_max_reply_are_out_of_step():
-    core, _ = pipeline(RESP)
-    core.queue(Run([b"GET a\r\n"], Sink()))
-    with pytest.raises(OutOfStep, match="resp.RESP cannot frame"):
-        core.feed(b"a=AAAAAAAAAAAA\n")
+def test_bytes_longer_than_the_framings_max_reply_are_out_of_step():
     core, _ = pipeline()
     core.queue(run_of(b"a"))
     with pytest.raises(OutOfStep, match=f"a reply longer than {MAX_LINE} bytes"):

@@ -3,28 +3,22 @@ the set's connections, each reply fit-checked and handed to the client that aske
 message timeout; bounded buffers; the pool's own answers in place; the demo's transcript."""
 import contextlib
 import os
-import random
 import resource
 import select
 import socket
-import string
 import subprocess
 import sys
 import threading
 import time
-import types
 
 import pytest
 
-from conftest import ROOT, need_redis
+from conftest import ROOT, closed_port_addr
 from part2 import proxy as proxies
 from part2.managed import ManagedClient, ManagedProxy, ManagedSet, ReliabilityCache, VirtualClock
 from part2.managed_demo import ask, in_background
-from part2.test_connection import closed_port_addr
-from part3.resp import RESP
 from scaffolding import kit
 from scaffolding.faults import FaultyUpstream
-from scaffolding.redis_server import RedisControl, read_resp, redis_and_control
 from tcp_proxy import MAX_LINE, FramedProxy, Hooks, answer, read_lines, shutdown
 
 HERE = str(ROOT)
@@ -368,48 +362,6 @@ def test_a_bad_address_or_setting_is_a_value_error_at_once_and_leaves_nothing_ma
                 make(bad)
     with pytest.raises(ValueError, match="policy"):   # a setting only the set reads: nothing left open
         ManagedProxy([(("127.0.0.1", 7001), 1)], policy="sometimes")
-
-
-# --- over RESP, before a real redis-server -----------------------------------------------------------
-
-def test_a_managed_proxy_over_resp_writes_its_errors_in_resp_for_a_redis_client():
-    upstream = FaultyUpstream()
-    upstream.close()
-    try:
-        with ManagedProxy([(upstream.addr, 1)], framing=RESP) as proxy, \
-                socket.create_connection(proxy.addr, timeout=5) as client:
-            client.sendall(b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n")
-            assert client.recv(4096) == b"-ERR CommunicationError: cannot connect: Connection refused\r\n"
-    finally:
-        upstream.close()
-
-
-def test_a_managed_proxy_over_resp_gives_many_threads_their_own_random_values_over_one_redis_connection():
-    need_redis()
-    with contextlib.ExitStack() as stack:
-        redis, control = redis_and_control(stack)
-        proxy = stack.enter_context(ManagedProxy([(redis.addr, 1)], framing=RESP))
-
-        def wrong_values(seed):
-            """SET random keys to random values directly, then GET each through the proxy; count the wrong ones."""
-            chooser = random.Random(seed)
-            direct = RedisControl(redis.addr)
-            wrong = 0
-            with contextlib.closing(direct), socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as sock:
-                reader = types.SimpleNamespace(sock=sock, unread=b"")
-                for _ in range(50):
-                    key = f"managed:{seed}:{chooser.randrange(10 ** 9)}"
-                    value = "".join(chooser.choices(string.ascii_letters + string.digits, k=chooser.randint(1, 40)))
-                    assert direct.command(f"SET {key} {value}") == b"+OK\r\n"
-                    sock.sendall(f"GET {key}\r\n".encode())   # an inline command, as redis-server reads them
-                    wrong += read_resp(reader) != f"${len(value)}\r\n{value}\r\n".encode()
-            return wrong
-        workers = [kit.Background(wrong_values, seed) for seed in range(8)]
-        assert [worker.result() for worker in workers] == [0] * 8
-        (client,) = proxy.managed_set.clients[0]
-        assert (proxy.answered, proxy.failed, client.connects, client.errors) == (400, 0, 1, 0)
-        readers = [line for line in control.command("CLIENT LIST").split(b"\n") if b" cmd=get " in line]
-        assert len(readers) == 1   # every GET came over one connection (the direct ones last sent SET)
 
 
 # --- the transcript -----------------------------------------------------------------------------------

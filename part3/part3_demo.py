@@ -7,7 +7,7 @@ bulk string reply spans two lines. The last three need no Redis: request ids
 
 Map of the module, in reading order:
 
-    (scaffolding.redis_server starts the private redis-server and its control connection)
+    (part3.redis_server starts the private redis-server and its control connection)
     naive_redis ... resp_pool           the four scenarios against Redis
     out_of_order, slow_key, late_reply  the three scenarios of request ids
 
@@ -26,7 +26,7 @@ from part3.tagged import TaggedClient, TaggedError, TaggedUpstream
 from scaffolding import kit
 from scaffolding.faults import TrustingPool
 from scaffolding.kit import ROUNDS, Client, clients, keys_for, run_concurrently, sent_line, show
-from scaffolding.redis_server import read_resp, redis_and_control
+from part3.redis_server import read_resp, redis_and_control
 from tcp_proxy import FramedProxy, Hooks, NaiveProxy, answer
 
 
@@ -77,10 +77,13 @@ def naive_redis():
 
 def naive_redis_verdict(received, job, value):
     """received: client -> bytes; job: the reply to A's BLPOP; value: the reply to B's GET."""
-    held = [what for what, reply in (("A's job", job), ("its own value", value)) if reply in received["B"]]
-    moral = ("A blind relay is as wrong in front of Redis as in front of the toy" if job in received["B"]
+    held = [what for what, reply in (("A's job", job), ("its own value", value))
+            if reply in received["B"]]
+    moral = ("A blind relay is as wrong in front of Redis as in front of the toy"
+             if job in received["B"]
              else "A's job did not reach B")
-    return (f"  verdict: B holds {' and '.join(held) or 'neither reply'} ({len(received['B'])} bytes); "
+    return (f"  verdict: B holds {' and '.join(held) or 'neither reply'} "
+            f"({len(received['B'])} bytes); "
             f"A holds {len(received['A'])}. {moral}")
 
 
@@ -104,12 +107,14 @@ def whose(reply, key, values):
     return "the first line of a reply" if reply.startswith(b"$") else "WRONG"
 
 
-LINE_POOL_VALUES = {"a": "hello", "b": "world", "c": "again"}   # scenarios 2 and 3: A's, B's, C's keys
+# scenarios 2 and 3: A's, B's and C's keys
+LINE_POOL_VALUES = {"a": "hello", "b": "world", "c": "again"}
 
 
 def borrowed_in_turn(pool_class, stack):
     """A pool_class pool of one connection, framing by line, in front of a redis-server that
-    holds LINE_POOL_VALUES, borrowed by A, B and C in turn: (the pool, the clients, what each read)."""
+    holds LINE_POOL_VALUES, borrowed by A, B and C in turn: (the pool, the clients, what each
+    read)."""
     redis, control = redis_and_control(stack)
     stored(control, LINE_POOL_VALUES)
     pool = stack.enter_context(pool_class(redis.addr, pool_cap=1, framing=tcp_proxy.LINES))
@@ -122,7 +127,8 @@ def line_pool():
     with contextlib.ExitStack() as stack:
         pool, crowd, replies = borrowed_in_turn(TrustingPool, stack)
         for client, key, reply in zip(crowd, values, replies):
-            print(f"  {client.name} asked GET {key:<2} got {show(reply):<21} {whose(reply, key, values)}")
+            print(f"  {client.name} asked GET {key:<2} got {show(reply):<21} "
+                  f"{whose(reply, key, values)}")
         print(f"  connections opened: {pool.opened}")
         print(line_pool_verdict(replies, values))
 
@@ -135,8 +141,9 @@ def line_pool_verdict(replies, values):
     if replies[0] != head:
         return f"  verdict: A read {replies[0]!r}, not the first line of its reply alone"
     if replies[1] == tail:
-        return (f"  verdict: the line framing stops after {head!r}; the rest, {tail!r}, stays on the "
-                f"connection and B takes A's value for its own (redis-py's CVE-2023-28858 class)")
+        return (f"  verdict: the line framing stops after {head!r}; the rest, {tail!r}, "
+                "stays on the connection and B takes A's value for its own "
+                "(redis-py's CVE-2023-28858 class)")
     return f"  verdict: the line framing stops after {head!r}; B read {replies[1]!r}, not A's value"
 
 
@@ -146,7 +153,8 @@ def checked_line_pool():
         proxy, crowd, replies = borrowed_in_turn(FramedProxy, stack)
         for client, key, reply in zip(crowd, values, replies):
             print(f"  {client.name} asked GET {key:<2} got {show(reply)}")
-        tails = {value.encode() + b"\r\n" for value in values.values()}   # what a misdelivery looks like
+        # what a misdelivery looks like
+        tails = {value.encode() + b"\r\n" for value in values.values()}
         misdelivered = sum(reply in tails for reply in replies)
         print(f"  connections opened: {proxy.opened}   closed as out of step: {proxy.dirty}   "
               f"values delivered to anyone: {misdelivered}")
@@ -158,7 +166,8 @@ def checked_line_pool_verdict(right, dirty, misdelivered, asked):
     if right or dirty != asked or misdelivered:
         return (f"  verdict: {right} of {asked} right, {dirty} closed as out of step, "
                 f"{misdelivered} values delivered to another client")
-    return ("  verdict: still the wrong framing, so no right answer, but fits() sees that b'$5\\r\\n' "
+    return ("  verdict: still the wrong framing, so no right answer, "
+            "but fits() sees that b'$5\\r\\n' "
             "cannot answer a GET of the line protocol: an ERR line and a closed connection, "
             "never another's value")
 
@@ -171,7 +180,8 @@ def resp_pool():
         for key, value in values.items():
             control.command(f"SET {key} {value}")
         control.command("RPUSH list one two")
-        print(f"  redis holds  {len(values)} keys (alpha1=ALPHA1 ... hotel3=HOTEL3) and list=[one, two]")
+        print(f"  redis holds  {len(values)} keys (alpha1=ALPHA1 ... hotel3=HOTEL3) "
+              "and list=[one, two]")
         proxy = stack.enter_context(FramedProxy(redis.addr, pool_cap=1, framing=resp.RESP))
         single = Client("A", proxy.addr)
         stack.callback(single.close)
@@ -196,9 +206,10 @@ def resp_pool():
 
 def resp_pool_verdict(right, asked):
     if right == asked:
-        return ("  verdict: the parse is RESP's (type byte, length, element count), so the pool lends the "
-                "connection only at a reply's real end")
-    return f"  verdict: {asked - right} of {asked} wrong: the pool lent the connection before a reply's end"
+        return ("  verdict: the parse is RESP's (type byte, length, element count), "
+                "so the pool lends the connection only at a reply's real end")
+    return (f"  verdict: {asked - right} of {asked} wrong: "
+            "the pool lent the connection before a reply's end")
 
 
 # --- request ids (no Redis) ---------------------------------------------------------------
@@ -235,7 +246,7 @@ def out_of_order():
         upstream.pause = answered_in_order(upstream, ["charlie", "alpha", "bravo"])
         calls = start_calls(client, lines)
         results = [call.result() for call in calls]
-        upstream.wait_replies(len(lines))   # counted just after each write: the callers may be first
+        upstream.wait_replies(len(lines))   # counted just after each write: callers may be first
         print("  upstream read    " + ", ".join(repr(line) for line in upstream.parsed))
         print("  upstream wrote   " + ", ".join(repr(line) for line in upstream.written))
         right = 0
@@ -250,7 +261,8 @@ def out_of_order():
 def out_of_order_verdict(written, right, asked):
     """written: the upstream's reply lines, '<id> <key>=<value>', in the order it wrote them."""
     order = ", ".join(line.split(" ", 1)[1].split("=")[0] for line in written)
-    found = "each id found its caller" if right == asked else f"{asked - right} of {asked} callers got another's reply"
+    found = ("each id found its caller" if right == asked
+             else f"{asked - right} of {asked} callers got another's reply")
     return f"  verdict: the replies left in the order {order}; {found}"
 
 
@@ -259,9 +271,11 @@ def slow_key():
     held = threading.Event()
     with TaggedUpstream() as upstream, TaggedClient(upstream.addr) as client:
         fast_in_order = answered_in_order(upstream, [line.split()[1] for line in fast])
-        upstream.pause = lambda key: held.wait(Hooks.hook_timeout) if key == "slow" else fast_in_order(key)
+        upstream.pause = lambda key: (held.wait(Hooks.hook_timeout) if key == "slow"
+                                      else fast_in_order(key))
         calls = start_calls(client, ["GET slow"] + fast)
-        fast_results = [call.result() for call in calls[1:]]   # with head-of-line blocking: a hook timeout
+        # with head-of-line blocking: a hook timeout
+        fast_results = [call.result() for call in calls[1:]]
         upstream.wait_replies(len(fast))
         slow_written_first = any(line.endswith(answer(b"GET slow").decode().rstrip("\n"))
                                  for line in upstream.written)
@@ -282,7 +296,8 @@ def slow_key():
                   f"{upstream.ready}, written {upstream.replies}")
             release.set()
             upstream.wait_replies(4)
-            print(f"  upstream wrote   {', '.join(map(repr, upstream.written))}   (in order, after slow)")
+            print(f"  upstream wrote   {', '.join(map(repr, upstream.written))}   "
+                  "(in order, after slow)")
     print(slow_key_verdict(fast_right and not slow_written_first, held_back, len(fast)))
 
 
@@ -319,11 +334,13 @@ def late_reply():
         upstream.wait_replies(2)
         print(f"  GET next -> {following.result()!r}")
         print(f"  upstream wrote   {', '.join(map(repr, upstream.written))}")
-        print(f"  late replies dropped by id: {client.dropped}; connections: {upstream.connections}; "
+        print(f"  late replies dropped by id: {client.dropped}; "
+              f"connections: {upstream.connections}; "
               f"owed now: {len(client.owed)}")
         after = client.call(b"GET after\n").decode().rstrip("\n")
         print(f"  GET after -> {after!r}")
-        served_on = upstream.connections == 1 and after == answer(b"GET after").decode().rstrip("\n")
+        served_on = (upstream.connections == 1
+                     and after == answer(b"GET after").decode().rstrip("\n"))
         print(late_reply_verdict(abandoned, client.dropped, served_on))
 
 
@@ -331,7 +348,8 @@ def late_reply_verdict(abandoned, dropped, served_on):
     if dropped != 1 or len(abandoned) != 1:
         return f"  verdict: {dropped} late replies dropped, abandoned ids {abandoned}"
     after = "and the connection served on" if served_on else "but the connection did not serve on"
-    return f"  verdict: the late reply carried id {abandoned[0]}, which no call is owed any more: dropped, {after}"
+    return (f"  verdict: the late reply carried id {abandoned[0]}, which no call is owed "
+            f"any more: dropped, {after}")
 
 
 SCENARIOS = [

@@ -20,7 +20,7 @@ from conftest import need_redis
 from part2.managed import ManagedProxy
 from part3 import commands
 from part3.resp import RESP, Overlong, Resp, words
-from scaffolding import redis_server
+from part3 import redis_server
 from tcp_proxy import FramedProxy
 
 TIMEOUT = 3.0   # seconds a client of these tests waits for a reply before the test fails

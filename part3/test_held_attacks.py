@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import need_redis
 from part2.managed import ManagedProxy
 from part3.resp import RESP
-from scaffolding import redis_server
+from part3 import redis_server
 from tcp_proxy import FramedProxy
 
 EXAMPLES = int(os.environ.get("SOAK", "12"))   # per pool; `make soak` raises it

@@ -23,7 +23,7 @@ from hypothesis import given, settings, strategies as st
 from conftest import need_redis
 from part3 import resp
 from part3.resp import RESP
-from scaffolding import redis_server
+from part3 import redis_server
 from part2.managed import ManagedProxy
 from tcp_proxy import LINES, MAX_LINE, FramedProxy, Server, read_lines
 

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import ROOT, need_redis
-from scaffolding import kit, redis_server
+from part3 import redis_server
+from scaffolding import kit
 from part3.resp import MAX_BULK, RESP, Overlong, Parser, Passed, reply_size
 from tcp_proxy import LINES, FramedProxy, Frames, Head, Piece, Server, read_lines
 
@@ -452,7 +453,7 @@ def test_demo_part3_prints_the_checked_in_transcript():
     assert run.stdout == (HERE / "transcripts" / "part3.txt").read_bytes()
 
 
-def test_demo_part3_without_redis_prints_one_line_on_how_to_install_it_and_exits_0():
+def test_demo_part3_without_redis_prints_one_line_on_how_to_install_it_and_exits_successfully():
     run = subprocess.run([sys.executable, "demo.py", "--part3"], cwd=HERE, capture_output=True, timeout=60,
                          env={**os.environ, "PATH": "/nonexistent"})
     assert (run.stdout.decode(), run.returncode) == (redis_server.INSTALL_HINT + "\n", 0)

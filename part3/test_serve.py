@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT, need_redis
 from part3 import serve
-from scaffolding import redis_server
+from part3 import redis_server
 
 START_TIMEOUT = 10.0   # seconds the command may take to say where it listens
 

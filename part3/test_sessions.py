@@ -16,7 +16,7 @@ from conftest import need_redis
 from part2.managed import ManagedProxy
 from part3 import lending
 from part3.resp import RESP, Resp
-from scaffolding import redis_server
+from part3 import redis_server
 from tcp_proxy import FramedProxy, Frames, Server
 
 TIMEOUT = 5.0   # seconds a test's client waits for a reply before the test fails

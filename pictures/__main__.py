@@ -4,7 +4,7 @@ checked-in picture differs from what the scenarios draw now."""
 import sys
 
 from pictures import draw, draw_part3
-from scaffolding import redis_server
+from part3 import redis_server
 
 if sys.argv[1:] not in ([], ["--check"]):
     sys.exit(__doc__)

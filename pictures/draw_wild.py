@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from part3 import wild
+from part3.wild import incident
 from pictures.draw import save
 from pictures.svg import GREEN, RED, sequence, titled
 
@@ -16,8 +16,8 @@ TASKS = "redis-py tasks"     # one lane for the clients' tasks; each arrow in it
 
 
 def record(version):
-    run = subprocess.run([str(wild.venv_python(version)), "-m", "part3.wild", "--record"],
-                         cwd=wild.ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run([str(incident.venv_python(version)), "-m", "part3.wild", "--record"],
+                         cwd=incident.ROOT, capture_output=True, text=True, timeout=120)
     if run.returncode:
         raise RuntimeError(f"part3.wild --record in redis-py {version}: {run.stderr.strip()[-300:]}")
     return json.loads(run.stdout)
@@ -56,7 +56,7 @@ def draw(records):
 
 
 def main(argv):
-    missing = [v for v in SHOWN if not wild.venv_python(v).exists()]
+    missing = [v for v in SHOWN if not incident.venv_python(v).exists()]
     if missing:
         print(f"pictures.draw_wild: no venv for redis-py {', '.join(missing)}; `make wild-venvs` makes them")
         return 0

@@ -3,7 +3,8 @@ and the run that draws them is the demo's own run (it prints the transcript's li
 
 The scenarios run once for the whole module (the `runs` fixture). They need a real
 redis-server: without it these tests skip, except under CI=true, where they fail
-(conftest.need_redis)."""
+(conftest.need_redis). The last test redraws part3-wild.svg from the pinned redis-py venvs
+(conftest.need_wild_venvs)."""
 import shutil
 import time
 
@@ -13,7 +14,8 @@ from pictures import draw_part3 as pictures_part3
 from pictures import draw_wild
 from pictures.record import Got, RedisRead, Returned, TaggedSent, Waited, record_part3
 from part3 import resp, tagged
-from conftest import ROOT, need_redis, transcript_section
+from part3.wild import incident
+from conftest import ROOT, need_redis, need_wild_venvs, transcript_section
 from tcp_proxy import FramedProxy
 
 # One worker runs all of these under `make test`'s --dist loadgroup: the runs
@@ -56,7 +58,7 @@ def run_of(runs):
 
 def test_the_checked_in_part3_pictures_are_exactly_the_ones_drawn():
     checked_in = sorted(path.name for path in (HERE / "pictures").glob("part3-*.svg")
-                        if path.name != draw_wild.NAME)   # drawn from the redis-py venvs: part3/test_wild.py
+                        if path.name != draw_wild.NAME)   # drawn from the redis-py venvs: the last test here
     assert checked_in == sorted(pictures_part3.PICTURES)
 
 
@@ -83,7 +85,7 @@ def test_the_line_pool_recording_shows_the_tail_of_as_reply_delivered_to_b(runs)
         [("A", b"$5\r\n", False)], [("A", b"hello\r\n", True)], [("B", b"$5\r\n", True)]]
 
 
-def test_the_out_of_order_recording_has_ids_1_2_3_out_replies_3_1_2_back_and_each_call_its_own(runs):
+def test_the_out_of_order_recording_sends_ids_in_order_gets_replies_out_of_order_each_to_its_call(runs):
     events = run_of(runs)[0]["out_of_order"]
     assert [e.line for e in events if isinstance(e, TaggedSent)] == [
         b"1 GET alpha\n", b"2 GET bravo\n", b"3 GET charlie\n"]
@@ -103,7 +105,7 @@ def test_the_slow_key_recording_has_the_fast_replies_pass_it_with_ids_and_wait_b
         "slow=SSSSSSSSSSSS", "a=AAAAAAAAAAAA", "b=BBBBBBBBBBBB", "c=CCCCCCCCCCCC"]
 
 
-def test_the_late_reply_recording_drops_id_1_after_its_call_gave_up_and_serves_ids_2_and_3(runs):
+def test_the_late_reply_recording_drops_the_given_up_calls_id_and_serves_the_later_ones(runs):
     events = run_of(runs)[0]["late_reply"]
     assert [(type(e).__name__, *e) for e in events if isinstance(e, (TaggedSent, Got, Returned))] == [
         ("TaggedSent", b"1 GET slow\n"), ("Returned", b"1 GET slow\n", "CallTimeout"),
@@ -113,8 +115,17 @@ def test_the_late_reply_recording_drops_id_1_after_its_call_gave_up_and_serves_i
     assert {e.upstream.connections for e in events if isinstance(e, Waited)} == {1}
 
 
-def test_the_resp_pool_recording_has_as_4_reads_then_24_from_8_clients_each_one_whole_reply_on_one_connection(runs):
+def test_the_resp_pool_recording_gives_every_client_whole_replies_over_one_connection(runs):
     reads = [e for e in run_of(runs)[0]["resp_pool"] if isinstance(e, RedisRead)]
     assert [len({e.via for e in part}) for part in (reads[:4], reads[4:], reads)] == [1, 8, 9]   # the transcript's 24
     assert [resp.reply_size(e.reply) == len(e.reply) and e.rest == b"" for e in reads] == [True] * 28
     assert len({e.connection for e in reads}) == 1
+
+
+@pytest.mark.slow
+def test_the_wild_picture_is_what_the_leaking_and_the_fixed_redis_py_draw_now_byte_for_byte():
+    need_redis()
+    need_wild_venvs(incident)
+    drawn = draw_wild.draw({version: draw_wild.record(version) for version in draw_wild.SHOWN}).render()
+    assert (ROOT / "pictures" / draw_wild.NAME).read_text(encoding="utf-8") == drawn, \
+        "pictures/part3-wild.svg is stale: run `python3 -m pictures.draw_wild` and look at it"

@@ -127,7 +127,8 @@ class Background:
     def __init__(self, function, *args, expected=()):
         self._result = None
         self._error = None
-        self._thread = threading.Thread(target=self._run, args=(function, args, expected), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(function, args, expected),
+                                        daemon=True)
         self._thread.start()
 
     def _run(self, function, args, expected):

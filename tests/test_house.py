@@ -1,6 +1,18 @@
-"""The house's rules, checked on the tree as it is: imports run one way,
-the lesson imports no scaffolding, and the top level holds only the card's files.
-Imports are read with `ast`, lazy ones inside functions included."""
+"""The house's rules, checked on the tree as it is: imports run one way, down the floors;
+the lesson imports no scaffolding; no test module imports another; and the top level
+holds only the card's files. Imports are read with `ast` (nothing is imported or run),
+lazy ones inside functions included.
+
+The floors, low to high; a file may import only from its own floor or a lower one:
+    0  tcp_proxy.py, scaffolding/, conftest.py (the suite's leak guard and shared helpers)
+    1  part2/
+    2  part3/ (the incident's room part3/wild/ with it)
+    3  the top: every other file in the root (demo.py, test_tcp_proxy.py), tests/, bench/,
+       pictures/
+A test file sits on the floor of the folder it is in, like the modules beside it; so a
+test that needs a higher floor's code lives on that floor (Part two's pool framing RESP is
+tested in part3/). A helper two test files share lives in conftest.py or in a module whose
+name does not start with `test_`."""
 import ast
 import functools
 import subprocess
@@ -9,15 +21,17 @@ import pytest
 
 from conftest import ROOT
 
-# One worker runs all of these under `make test`'s --dist loadgroup: graph() (every module
-# parsed, 0.6 s) is cached per process, so it runs once per worker that needs it.
+# One worker runs all of these under `make test`'s --dist loadgroup, so graph() (every module
+# parsed, cached per process) is built once.
 pytestmark = pytest.mark.xdist_group("test_house")
 
 LESSON = {"tcp_proxy", "part2.managed", "part2.clock", "part2.cache", "part2.calls", "part2.loop",
           "part2.pipeline", "part2.connection", "part2.client", "part2.managed_set", "part2.proxy",
           "part3.resp", "part3.commands", "part3.tagged", "part3.lending"}
+FLOORS = {"tcp_proxy": 0, "conftest": 0, "scaffolding": 0, "part2": 1, "part3": 2}
+TOP_FLOOR = 3
 TOP_LEVEL = {"tcp_proxy.py", "demo.py", "test_tcp_proxy.py", "COMMENTARY.md", "README.md", "Makefile",
-             "conftest.py", "pytest.ini", "requirements-test.txt", ".gitignore", ".ci"}
+             "conftest.py", "pytest.ini", "ruff.toml", "requirements-test.txt", ".gitignore", ".ci"}
 
 
 def modules():
@@ -46,6 +60,30 @@ def graph():
     return {name: imports_of(path, known) - {name} for name, path in known.items()}
 
 
+def floor_of(module):
+    """A dotted module's floor: that of its first name (a root file or a folder), else the top."""
+    return FLOORS.get(module.split(".")[0], TOP_FLOOR)
+
+
+def upward(edges):
+    """Each import from a lower floor to a higher one, as (importer, imported) pairs."""
+    return sorted((importer, imported) for importer, targets in edges.items()
+                  for imported in targets if floor_of(imported) > floor_of(importer))
+
+
+def is_test_module(module):
+    return module.rsplit(".", 1)[-1].startswith("test_")
+
+
+def test_imports_between_test_modules(edges):
+    """Each import of one test module by another, as (importer, imported) pairs."""
+    return sorted((importer, imported) for importer, targets in edges.items()
+                  for imported in targets if is_test_module(importer) and is_test_module(imported))
+
+
+test_imports_between_test_modules.__test__ = False   # a helper, though its name starts with test_
+
+
 def cycle_in(edges):
     """One import circle as a list of modules, or [] if the imports run one way."""
     state = {}
@@ -72,6 +110,34 @@ def test_no_module_imports_a_module_that_imports_it_directly_or_through_others()
 
 def test_the_cycle_finder_finds_a_circle_of_three():
     assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_file_imports_from_a_floor_above_its_own():
+    assert upward(graph()) == []
+
+
+def test_an_upward_import_is_found_even_inside_a_function(tmp_path):
+    written = tmp_path / "kit.py"   # as if scaffolding/kit.py reached up to Part three lazily
+    written.write_text("import socket\n\n\ndef helper():\n    from part3 import resp\n    return resp\n")
+    known = modules()
+    edges = {"scaffolding.kit": imports_of(written, known), "part3.resp": {"tcp_proxy"}}
+    assert upward(edges) == [("scaffolding.kit", "part3"), ("scaffolding.kit", "part3.resp")]
+
+
+def test_the_floors_put_the_lesson_below_its_scaffolding_users_and_the_top_above_all():
+    floors = [floor_of(name) for name in ("tcp_proxy", "conftest", "scaffolding.kit", "part2.managed",
+                                          "part3.resp", "part3.wild", "demo", "test_tcp_proxy",
+                                          "tests.test_house", "bench.machinery", "pictures.draw")]
+    assert floors == [0, 0, 0, 1, 2, 2, 3, 3, 3, 3, 3]
+
+
+def test_no_test_module_imports_another():
+    assert test_imports_between_test_modules(graph()) == []
+
+
+def test_an_import_of_one_test_module_by_another_is_found():
+    edges = {"part2.test_proxy": {"part2.test_connection", "conftest"}, "part2.proxy": {"tcp_proxy"}}
+    assert test_imports_between_test_modules(edges) == [("part2.test_proxy", "part2.test_connection")]
 
 
 def test_lesson_modules_import_only_lesson_modules():

@@ -1,6 +1,6 @@
-"""wild_table: part3.wild's cancelled scenario across redis-py releases, as a table.
+"""part3.wild.table: part3.wild's cancelled scenario across redis-py releases, as a table.
 
-`python3 -m part3.wild_table` (make wild-table) makes one virtual environment per
+`python3 -m part3.wild.table` (make wild-table) makes one virtual environment per
 release in .venv-wild-table/ (from the package index; made once, then reused), runs
 `python -m part3.wild --table-row` in each RUNS times, and prints a markdown table:
 for a plain GET and for a GET in a pipeline (transaction=False), "mixed up" if B, C
@@ -15,10 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / ".venv-wild-table"
-RELEASES = ("4.2.0", "4.3.0", "4.3.3", "4.3.5", "4.3.6", "4.4.0", "4.4.1", "4.4.2", "4.4.3", "4.4.4", "4.5.0", "4.5.1",
-            "4.5.2", "4.5.3", "4.5.4", "4.5.5", "4.6.0", "5.0.8", "6.4.0", "7.4.1", "8.1.0")
+RELEASES = ("4.2.0", "4.3.0", "4.3.3", "4.3.5", "4.3.6", "4.4.0", "4.4.1", "4.4.2", "4.4.3",
+            "4.4.4", "4.5.0", "4.5.1", "4.5.2", "4.5.3", "4.5.4", "4.5.5", "4.6.0", "5.0.8",
+            "6.4.0", "7.4.1", "8.1.0")
 RUNS = 3   # runs per release; every cell must come out the same in each
 
 
@@ -27,7 +28,8 @@ def python_for(release):
     venv = HOME / f"redis-{release}"
     python = venv / "bin" / "python"
     if not (venv / "installed").exists():
-        made = subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], capture_output=True)
+        made = subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)],
+                              capture_output=True)
         if made.returncode == 0:
             made = subprocess.run([str(python), "-m", "pip", "install", "--quiet",
                                    "--disable-pip-version-check", f"redis=={release}"],

@@ -1,4 +1,4 @@
-"""scaffolding.redis_server: a private redis-server for Part three's scenarios and
+"""part3.redis_server: a private redis-server for Part three's scenarios and
 tests. A reader of the lesson need not read this module: it starts a real Redis on
 127.0.0.1, talks to it directly for setup, and stops it whatever happened.
 
@@ -97,7 +97,8 @@ class RedisServer:
             raise OSError(f"redis-server did not start again; its log ends: {self.log[-300:]!r}")
 
     def close(self):
-        """Stop redis-server and wait for it; remove its directory. Calling it again does nothing."""
+        """Stop redis-server and wait for it; remove its directory. Calling it again does
+        nothing."""
         self._stop()
         self._directory.cleanup()
 

@@ -1,10 +1,10 @@
-"""part3.wild: the relay that holds replies, and the transcript of the real redis-py through it.
+"""part3.wild.incident: the relay that holds replies, and the transcript of the real redis-py
+through it.
 
 The transcript test needs the pinned venvs `make test` makes (make wild-venvs) and
 redis-server; without them it skips, except under CI=true, where it fails. The relay's
 own tests need only redis-server, and raw sockets.
 """
-import os
 import select
 import socket
 import subprocess
@@ -12,22 +12,11 @@ import sys
 
 import pytest
 
-from conftest import ROOT, need_redis
-from part3 import wild
-from pictures import draw_wild
-from scaffolding.redis_server import RedisServer
+from conftest import ROOT, need_redis, need_wild_venvs
+from part3.wild import incident
+from part3.redis_server import RedisServer
 
 TIMEOUT = 10.0   # seconds any read below may wait
-
-
-def need_venvs():
-    missing = [v for v in wild.VERSIONS if not wild.venv_python(v).exists()]
-    if missing:
-        reason = (f"no venv for redis-py {', '.join(missing)}: `make wild-venvs` makes them "
-                  "from the package index")
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason + "; CI must run the wild scenario")
-        pytest.skip(reason)
 
 
 def command(*words):
@@ -55,19 +44,20 @@ def read_exactly(sock, size):
 def redis():
     need_redis()
     with RedisServer() as server:
-        wild.store(server.addr)
+        incident.store(server.addr)
         yield server
 
 
 def test_words_of_a_command_array_keep_a_value_with_a_line_break_whole():
-    assert wild.words(command(b"GET", b"a")) == [b"GET", b"a"]
-    assert wild.words(command(b"ECHO", b"x\r\ny")) == [b"ECHO", b"x\r\ny"]
+    assert incident.words(command(b"GET", b"a")) == [b"GET", b"a"]
+    assert incident.words(command(b"ECHO", b"x\r\ny")) == [b"ECHO", b"x\r\ny"]
     with pytest.raises(ValueError, match="not a command array"):
-        wild.words(b"GET a\r\n")
+        incident.words(b"GET a\r\n")
 
 
 def test_relay_lets_one_whole_reply_through_per_credit_on_one_connection(redis):
-    with wild.HoldingRelay(redis.addr) as relay, socket.create_connection(relay.addr, TIMEOUT) as client:
+    with incident.HoldingRelay(redis.addr) as relay, \
+            socket.create_connection(relay.addr, TIMEOUT) as client:
         client.sendall(command(b"GET", b"a") + command(b"GET", b"b"))
         relay.wait_gets(2)
         assert not pending(client) and relay.released == 0
@@ -82,7 +72,8 @@ def test_relay_lets_one_whole_reply_through_per_credit_on_one_connection(redis):
 
 
 def test_relay_passes_a_reply_to_anything_but_get_with_no_credit(redis):
-    with wild.HoldingRelay(redis.addr) as relay, socket.create_connection(relay.addr, TIMEOUT) as client:
+    with incident.HoldingRelay(redis.addr) as relay, \
+            socket.create_connection(relay.addr, TIMEOUT) as client:
         client.sendall(command(b"PING"))
         assert read_exactly(client, 7) == b"+PONG\r\n"
         relay.wait_requests(1)   # counted once sent on, which may be after the reply is back
@@ -90,7 +81,7 @@ def test_relay_passes_a_reply_to_anything_but_get_with_no_credit(redis):
 
 
 def test_relay_drops_the_held_reply_of_a_client_that_hung_up_and_the_credit_goes_to_the_next(redis):
-    with wild.HoldingRelay(redis.addr) as relay:
+    with incident.HoldingRelay(redis.addr) as relay:
         with socket.create_connection(relay.addr, TIMEOUT) as first:
             first.sendall(command(b"GET", b"a"))
             relay.wait_gets(1)
@@ -106,7 +97,7 @@ def test_relay_drops_the_held_reply_of_a_client_that_hung_up_and_the_credit_goes
 
 
 def test_verdict_is_computed_from_the_rows_of_b_c_and_d():
-    scenario = wild.Scenario(redis=None, mode="plain")
+    scenario = incident.Scenario(redis=None, mode="plain")
     outcomes = {"mixed up": ["got value-of-a", "got value-of-b", "got value-of-c"],
                 "failed": ["raised ConnectionError: Too many connections"] * 3,
                 "clean": ["got value-of-b", "got value-of-c", "got value-of-d"]}
@@ -116,31 +107,25 @@ def test_verdict_is_computed_from_the_rows_of_b_c_and_d():
         assert scenario.verdict() == verdict
 
 
-def test_wild_without_the_venvs_prints_one_line_on_how_to_make_them_and_exits_0(monkeypatch, capsys, tmp_path):
+def test_wild_without_the_venvs_prints_one_line_on_how_to_make_them_and_exits_successfully(
+        monkeypatch, capsys, tmp_path):
     need_redis()
-    monkeypatch.setattr(wild, "venv_python", lambda version: tmp_path / version / "bin" / "python")
-    assert wild.run_all() == 0
+    monkeypatch.setattr(incident, "venv_python",
+                        lambda version: tmp_path / version / "bin" / "python")
+    assert incident.run_all() == 0
     assert capsys.readouterr().out == (
         "part3.wild: no virtual environment for redis-py 4.5.1, 4.5.5, 8.1.0; "
         "`make wild-venvs` makes them (it needs the package index)\n")
 
 
 @pytest.mark.slow
-def test_make_wild_prints_the_checked_in_transcript_mixed_up_on_4_5_1_clean_on_4_5_5_and_8_1_0():
+def test_make_wild_prints_the_checked_in_transcript_mixed_up_on_the_leaking_release_clean_after():
     need_redis()
-    need_venvs()
+    need_wild_venvs(incident)
     run = subprocess.run([sys.executable, "-m", "part3.wild", "--all"], cwd=ROOT,
                          capture_output=True, timeout=180)
     assert run.stderr == b"" and run.returncode == 0
     assert run.stdout == (ROOT / "transcripts" / "wild.txt").read_bytes()
-    verdicts = [line.split("(")[0].strip() for line in run.stdout.decode().splitlines() if "verdict:" in line]
+    verdicts = [line.split("(")[0].strip() for line in run.stdout.decode().splitlines()
+                if "verdict:" in line]
     assert verdicts == ["verdict: mixed up"] + ["verdict: clean"] * 5
-
-
-@pytest.mark.slow
-def test_part3_wild_svg_is_what_the_4_5_1_and_4_5_5_runs_draw_now_byte_for_byte():
-    need_redis()
-    need_venvs()
-    drawn = draw_wild.draw({version: draw_wild.record(version) for version in draw_wild.SHOWN}).render()
-    assert (ROOT / "pictures" / draw_wild.NAME).read_text(encoding="utf-8") == drawn, \
-        "pictures/part3-wild.svg is stale: run `python3 -m pictures.draw_wild` and look at it"

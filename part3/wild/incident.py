@@ -1,4 +1,5 @@
-"""wild: redis-py's 2023 cancelled-reply leak (CVE-2023-28858/28859), with the real library.
+"""part3.wild.incident: redis-py's 2023 cancelled-reply leak (CVE-2023-28858/28859),
+with the real library.
 
 Part three showed the bug's class on the project's own pools. Here the client is
 redis-py itself, from the package index, each version in its own virtual
@@ -24,7 +25,7 @@ Map of the module, in reading order:
     report(), carriers()   the rows, and the verdict computed from them
     main()              `python -m part3.wild` in a venv: that version's transcript;
                         `python3 -m part3.wild --all` (make wild): every pinned venv's;
-                        `--table-row`: one JSON row for part3.wild_table; `--record`:
+                        `--table-row`: one JSON row for part3.wild.table; `--record`:
                         the rows and the relay's log for pictures/draw_wild.py
 
 The order of events in the cancelled scenario (every wait is on a hook):
@@ -62,12 +63,12 @@ from pathlib import Path
 
 import tcp_proxy
 from part3 import resp
-from scaffolding.redis_server import INSTALL_HINT, RedisServer, redis_available
+from part3.redis_server import INSTALL_HINT, RedisServer, redis_available
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = ("4.5.1", "4.5.5", "8.1.0")   # affected, fixed, the newest the index served (pinned)
 KEYS = "abcd"                            # client A asks for a, B for b, ...
-STEP_TIMEOUT = 5.0                       # seconds a client task may take once its reply is let through
+STEP_TIMEOUT = 5.0                       # seconds a client task may take once its reply is out
 HUNG_UP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
 
@@ -245,7 +246,8 @@ class Client:
 def described(error):
     """An exception as the transcript shows it: its type and message, no address in it."""
     message = re.sub(r"127\.0\.0\.1:\d+", "the relay", str(error))
-    return f"raised {type(error).__name__}: {message}" if message else f"raised {type(error).__name__}"
+    raised = f"raised {type(error).__name__}"
+    return f"{raised}: {message}" if message else raised
 
 
 class Reading(contextlib.AbstractContextManager):
@@ -414,13 +416,15 @@ def report(scenario):
     for fate in ("let through", "dropped", "held"):
         chosen = [f"{name} (connection {number})" for number, name, fate_ in gets if fate_ == fate]
         if chosen:
-            label = {"let through": "replies let through", "dropped": "replies dropped, client gone",
+            label = {"let through": "replies let through",
+                     "dropped": "replies dropped, client gone",
                      "held": "replies still held at the end"}[fate]
             lines.append(f"    {label}: {', '.join(chosen)}")
     verdict = scenario.verdict()
     later = scenario.clients[1:]
     if verdict == "mixed up":
-        detail = "; ".join(f"{c.name} got {c.value()}'s" for c in later if c.value() not in (None, c.key))
+        detail = "; ".join(f"{c.name} got {c.value()}'s"
+                           for c in later if c.value() not in (None, c.key))
     elif verdict == "failed":
         detail = ", ".join(c.name for c in later if c.value() != c.key) + " got no value"
     else:
@@ -439,22 +443,25 @@ def carriers(scenario):
                 where.setdefault(number, []).append(owner[name])
     if len(where) == 1:
         return f"one connection carried the GETs of {', '.join(*where.values())}"
-    return "; ".join(f"connection {number} carried {', '.join(names)}'s" for number, names in where.items())
+    return "; ".join(f"connection {number} carried {', '.join(names)}'s"
+                     for number, names in where.items())
 
 
 def transcript():
     """This venv's redis-py through both scenarios, as printed lines."""
     settings = ", ".join(["max_connections=1"] + [f"{k}={v}" for k, v in resp2().items()])
     lines = [f"== redis-py {version()}, asyncio, a pool of one connection ({settings}) =="]
-    for control, title in ((False, "cancelled: A cancelled while its reply is held, then B, C, D, one reply let through each"),
-                           (True, "control: A cancelled, its reply let through before B borrows the connection")):
+    titles = ((False, "cancelled: A cancelled while its reply is held, then B, C, D, "
+                      "one reply let through each"),
+              (True, "control: A cancelled, its reply let through before B borrows the connection"))
+    for control, title in titles:
         lines.append(f"  {title}")
         lines += report(run("plain", control))
     return lines
 
 
 def table_row():
-    """For part3.wild_table: each mode's verdict and B's row, as one JSON line."""
+    """For part3.wild.table: each mode's verdict and B's row, as one JSON line."""
     row = {"version": version()}
     for mode in ("plain", "pipeline"):
         scenario = run(mode, False)
@@ -514,7 +521,3 @@ def main(argv):
     if leftover:   # every relay and executor thread is joined before its scenario returns
         raise SystemExit(f"part3.wild: threads outlived the scenarios: {leftover}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

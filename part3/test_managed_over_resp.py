@@ -1,0 +1,115 @@
+"""Part two's pool with Part three's framing: the socket-free pipeline, a managed client and
+ManagedProxy, each framing RESP (part3/resp.py) where Part two's own tests frame lines.
+A reply RESP cannot frame is out of step; a client pipelines behind a blocked call; the proxy
+answers its own errors in RESP and gives many threads their own values over one connection."""
+import contextlib
+import random
+import socket
+import string
+import types
+
+import pytest
+
+from conftest import need_redis
+from part2.calls import Run
+from part2.managed import ManagedClient, ManagedProxy
+from part2.managed_demo import in_background, outcome
+from part2.pipeline import OutOfStep, Pipeline
+from part3.redis_server import RedisControl, read_resp, redis_and_control
+from part3.resp import RESP
+from scaffolding import kit
+from scaffolding.faults import FaultyUpstream
+from tcp_proxy import Hooks
+
+
+class Sink:
+    """A run's sink that keeps nothing: these tests look at what the pipeline raises."""
+
+    def replied(self, run, replies):
+        pass
+
+    def failed(self, run, error):
+        pass
+
+
+# --- replies RESP cannot frame ---------------------------------------------------------------
+
+def test_bytes_resp_cannot_frame_are_out_of_step_in_the_socket_free_pipeline():
+    core = Pipeline(RESP, lambda run, replies, first: None, True)
+    core.queue(Run([b"GET a\r\n"], Sink()))
+    with pytest.raises(OutOfStep, match="resp.RESP cannot frame"):
+        core.feed(b"a=AAAAAAAAAAAA\n")
+
+
+def test_a_reply_the_framing_cannot_read_is_out_of_step_and_costs_the_call_owed_message_lost():
+    with FaultyUpstream() as upstream:   # it answers in the toy protocol: no RESP reply ends with a bare \n
+        client = ManagedClient(upstream.addr, framing=RESP)
+        assert outcome(client.call, b"GET a\r\n").startswith(
+            "MessageLost: upstream out of step: a reply resp.RESP cannot frame (a RESP line ended by a bare \\n")
+        assert (client.errors, client.replies, client.state) == (1, 0, "down")
+        client.shut_down()
+
+
+# --- a managed client before a real redis-server ----------------------------------------------
+
+def test_a_managed_client_over_resp_pipelines_behind_a_blocked_call_and_matches_replies_in_order():
+    need_redis()
+    with contextlib.ExitStack() as stack:
+        redis, control = redis_and_control(stack)
+        values = [b"one", b"two", b"three", b"four"]
+        for n, value in enumerate(values):
+            assert control.command(f"SET pipelined:{n} {value.decode()}") == b"+OK\r\n"
+        client = ManagedClient(redis.addr, framing=RESP)
+        stack.callback(client.shut_down)
+        blocked = in_background(client.call, b"BLPOP gate 0\r\n")   # Redis answers nothing behind it until a push
+        client.wait_written(1)
+        gets = []
+        for n in range(4):
+            gets.append(in_background(client.call, b"GET pipelined:%d\r\n" % n))
+            client.wait_written(n + 2)
+        assert (client.replies, client.pending_calls, client.connects) == (0, 5, 1)   # five on one connection
+        assert control.command("LPUSH gate x") == b":1\r\n"
+        assert blocked.result() == "*2\r\n$4\r\ngate\r\n$1\r\nx\r"   # outcome() drops the last b"\n"
+        assert [get.result() for get in gets] == [f"${len(value)}\r\n{value.decode()}\r" for value in values]
+
+
+# --- ManagedProxy over RESP -------------------------------------------------------------------
+
+def test_a_managed_proxy_over_resp_writes_its_errors_in_resp_for_a_redis_client():
+    upstream = FaultyUpstream()
+    upstream.close()
+    try:
+        with ManagedProxy([(upstream.addr, 1)], framing=RESP) as proxy, \
+                socket.create_connection(proxy.addr, timeout=5) as client:
+            client.sendall(b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n")
+            assert client.recv(4096) == b"-ERR CommunicationError: cannot connect: Connection refused\r\n"
+    finally:
+        upstream.close()
+
+
+def test_a_managed_proxy_over_resp_gives_many_threads_their_own_random_values_over_one_redis_connection():
+    need_redis()
+    with contextlib.ExitStack() as stack:
+        redis, control = redis_and_control(stack)
+        proxy = stack.enter_context(ManagedProxy([(redis.addr, 1)], framing=RESP))
+
+        def wrong_values(seed):
+            """SET random keys to random values directly, then GET each through the proxy; count the wrong ones."""
+            chooser = random.Random(seed)
+            direct = RedisControl(redis.addr)
+            wrong = 0
+            with contextlib.closing(direct), socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as sock:
+                reader = types.SimpleNamespace(sock=sock, unread=b"")
+                for _ in range(50):
+                    key = f"managed:{seed}:{chooser.randrange(10 ** 9)}"
+                    value = "".join(chooser.choices(string.ascii_letters + string.digits, k=chooser.randint(1, 40)))
+                    assert direct.command(f"SET {key} {value}") == b"+OK\r\n"
+                    sock.sendall(f"GET {key}\r\n".encode())   # an inline command, as redis-server reads them
+                    wrong += read_resp(reader) != f"${len(value)}\r\n{value}\r\n".encode()
+            return wrong
+        workers = [kit.Background(wrong_values, seed) for seed in range(8)]
+        assert [worker.result() for worker in workers] == [0] * 8
+        (client,) = proxy.managed_set.clients[0]
+        assert (proxy.answered, proxy.failed, client.connects, client.errors) == (400, 0, 1, 0)
+        readers = [line for line in control.command("CLIENT LIST").split(b"\n") if b" cmd=get " in line]
+        assert len(readers) == 1   # every GET came over one connection (the direct ones last sent SET)

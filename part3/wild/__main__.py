@@ -1,0 +1,8 @@
+"""`python3 -m part3.wild`: in a venv, that redis-py's transcript; `--all` (make wild): every
+pinned venv's; `--table-row` and `--record`: what part3.wild.table and pictures/draw_wild.py
+read (part3/wild/incident.py tells each)."""
+import sys
+
+from part3.wild.incident import main
+
+sys.exit(main(sys.argv[1:]))
