@@ -798,7 +798,8 @@ class FramedProxy(Server):
         The load-bearing method: what it returns is what the client gets, and
         where it stops is where the pool believes the upstream has finished.
         """
-        deadline = time.monotonic() + self.exchange_timeout   # for the whole reply, however it trickles
+        # for the whole reply, however it trickles
+        deadline = time.monotonic() + self.exchange_timeout
         if self.release == "framed":   # over when the framing finds the reply's end
             frames = Frames(lambda: self.framing.reply_parser(bool(passing)), buffer)   # once each
             try:
@@ -842,7 +843,8 @@ class FramedProxy(Server):
         the framing's); return False if bytes came after it (the reply stands, the
         connection is closed), else True."""
         if self.release == "framed" and not (fits or self.framing.fits)(request, reply):
-            raise OutOfStep(f"out of step: a reply of {len(reply)} bytes does not answer {request[:40]!r}")
+            raise OutOfStep(f"out of step: a reply of {len(reply)} bytes "
+                            f"does not answer {request[:40]!r}")
         return self.release == "timeout" or not rest
 
     def quiet(self, sock):
