@@ -4,8 +4,7 @@ linear parse and deadlines; then redis-cli, redis-py and redis-benchmark through
 through ManagedProxy(framing=RESP) (Part two's set, every client pipelined over one
 connection), each checking that every value it reads is the one it wrote.
 
-The five findings of issue 18 are the tests named after what they prove:
-smuggling, session commands, blank lines, the quadratic framing, the unframeable reply.
+Its sections go by subject, in the order a request meets them; the real clients last.
 """
 import contextlib
 import os
@@ -146,7 +145,7 @@ def test_errors_are_written_in_each_protocols_own_form():
     assert LINES.error("upstream: gone") == b"ERR upstream: gone\n"
 
 
-# --- finding 1: request smuggling ---------------------------------------------------------
+# --- a request hiding another -----------------------------------------------------------------
 
 SMUGGLED = (b"*1\r\r$4\r\rPING\r\r*4\r\r$10\r\rBRPOPLPUSH\r\r$4\r\rfeed\r\r$9\r\rbalance:1\r\r"
             b"$1\r\r0\r\n")   # the issue's line: PING, then a BRPOPLPUSH that blocks the connection
@@ -176,7 +175,7 @@ def test_the_line_pool_in_front_of_redis_refuses_the_smuggling_line_too(redis):
         assert proxy.opened == 0
 
 
-# --- finding 2: session state -----------------------------------------------------------
+# --- session state ----------------------------------------------------------------------------
 
 STATE = "sets state on the connection that the next borrower would inherit"
 SESSION = "speaks for the client's session: who it is, how it speaks, when it ends"
@@ -362,7 +361,7 @@ def test_a_client_whose_bytes_cannot_be_framed_reads_its_error_then_the_end_neve
     assert received == b"-ERR a \\r not followed by \\n: b'*1\\r\\r'\r\n"
 
 
-# --- finding 3: blank lines -----------------------------------------------------------------
+# --- blank lines ------------------------------------------------------------------------------
 
 def test_a_blank_line_is_answered_at_once_by_the_line_pool_and_never_sent_upstream(redis):
     with FramedProxy(redis.addr, framing=LINES) as proxy, \
@@ -419,7 +418,7 @@ def test_redis_cli_pipe_ending_with_a_blank_line_reads_every_reply_with_no_error
     assert control.command(f"GET pipe:{count - 1}") == b"$3\r\n%d\r\n" % (count - 1)
 
 
-# --- finding 4: the framing is linear ---------------------------------------------------------
+# --- the framing is linear --------------------------------------------------------------------
 
 LONG_LIST = 98_000   # elements of 4 bytes: a 980,008-byte LRANGE reply, just under max_reply
 
@@ -428,7 +427,7 @@ def long_reply():
     return b"*%d\r\n" % LONG_LIST + b"$4\r\nvvvv\r\n" * LONG_LIST
 
 
-def test_a_980_kb_reply_read_in_4_kb_pieces_is_parsed_once_line_by_line():
+def test_a_long_reply_read_in_small_pieces_is_parsed_once_line_by_line():
     reply, buffer, size = long_reply(), bytearray(), RESP.reply_parser()
     for start in range(0, len(reply), 4096):
         buffer += reply[start:start + 4096]
@@ -437,8 +436,8 @@ def test_a_980_kb_reply_read_in_4_kb_pieces_is_parsed_once_line_by_line():
 
 
 @pytest.mark.parametrize("proxy_kind", REDIS_PROXIES)
-def test_a_980_kb_lrange_through_the_pool_frames_in_a_few_seconds_at_most_not_thirty(redis, control,
-                                                                                      proxy_kind):
+def test_a_long_lrange_through_the_pool_is_framed_in_one_pass_within_a_ceiling(
+        redis, control, proxy_kind):
     """ManagedProxy's reader once parsed each reply from byte 0 after every recv(), and took
     longer than the bound here; the pipeline's reader keeps its place (tcp_proxy.Frames)."""
     control.command("DEL long")
@@ -456,7 +455,7 @@ def test_a_980_kb_lrange_through_the_pool_frames_in_a_few_seconds_at_most_not_th
     assert elapsed < 5.0, f"{elapsed:.2f} s (0.4 s measured on a loaded machine; 55 s when it was quadratic)"
 
 
-# --- finding 5: a reply RESP cannot frame ------------------------------------------------------
+# --- a reply RESP cannot frame ----------------------------------------------------------------
 
 class ScriptedByRequest(Server):
     """A fake Redis that answers each inline request line with replies[line], as given."""
@@ -486,7 +485,7 @@ def test_a_reply_resp_cannot_frame_costs_an_error_and_its_connection_and_the_pip
         assert (proxy.opened, proxy.dirty, proxy.released) == (2, 1, 1)
 
 
-# --- issue 17, finding 7: a deadline for the whole reply, and for checkout ---------------------
+# --- a deadline for the whole reply, and for checkout -----------------------------------------
 
 class Trickle(Server):
     """An upstream that answers every request with a long reply, one byte at a time, a
@@ -532,9 +531,9 @@ def test_the_defaults_bound_each_silence_the_whole_reply_and_the_wait_for_a_conn
         assert (proxy.reply_timeout, proxy.exchange_timeout, proxy.checkout_timeout) == (5.0, 10.0, 5.0)
 
 
-# --- issue 17, finding 4 (its timeout half): poll(), not select() --------------------------------
+# --- the wait for a reply: poll(), not select() -----------------------------------------------
 
-def test_the_timeout_release_waits_with_poll_so_a_descriptor_above_1023_works(redis):
+def test_the_timeout_release_waits_with_poll_so_a_descriptor_past_fd_setsize_works(redis):
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1200:
