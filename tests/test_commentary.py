@@ -352,10 +352,11 @@ def part_two_defaults():
     cache = managed.DEFAULTS
     no_limit = "no limit" if managed_set["pending_calls_max"].default is None else managed_set["pending_calls_max"].default
     ping = {False: "off", True: "on"}[client["initial_ping"].default]
-    fatal = "fatal" if proxy["msg_timeout_is_fatal"].default else "not fatal"
+    fatal = {True: "fatal", False: "not fatal"}
     return [
-        f"| `msg_timeout` | {proxy['msg_timeout'].default:g} s, {fatal} (`ManagedClient`, `ManagedSet`: "
-        f"{client['msg_timeout'].default:g}) |",
+        f"| `msg_timeout` | {proxy['msg_timeout'].default:g} s, "
+        f"{fatal[proxy['msg_timeout_is_fatal'].default]} (`ManagedClient`, `ManagedSet`: "
+        f"{client['msg_timeout'].default:g}, {fatal[client['msg_timeout_is_fatal'].default]}) |",
         f"| `idle_timeout` | {client['idle_timeout'].default:g} |",
         f"| `initial_ping` | {ping} |",
         f"| `pending_calls_max` / `pending_calls_norm` | {no_limit} / {managed_set['pending_calls_norm'].default} |",
