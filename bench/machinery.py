@@ -215,13 +215,27 @@ class PeakThreads:
         return self.peak
 
 
-def usage_of_this_process():
+def usage_of_this_process(server=None):
     """CPU seconds (user, system) and context switches (a thread that blocked:
     voluntary; one the kernel took the core from: involuntary) of every thread
-    of this process so far, dead ones included."""
+    of this process so far, dead ones included, and of the server's other worker
+    processes (Server's workers=), which run until it closes, so no rusage of
+    children counts them: read from /proc."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {"user": usage.ru_utime, "system": usage.ru_stime,
-            "voluntary": usage.ru_nvcsw, "involuntary": usage.ru_nivcsw}
+    found = {"user": usage.ru_utime, "system": usage.ru_stime,
+             "voluntary": usage.ru_nvcsw, "involuntary": usage.ru_nivcsw}
+    for pid in getattr(server, "_worker_pids", ()):   # tcp_proxy.Server's own list
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()   # from field 3 on
+            with open(f"/proc/{pid}/status", encoding="ascii") as status:
+                lines = dict(line.split(":", 1) for line in status)
+            ticks = os.sysconf("SC_CLK_TCK")
+            found["user"] += int(fields[11]) / ticks   # field 14, utime
+            found["system"] += int(fields[12]) / ticks   # field 15, stime
+            found["voluntary"] += int(lines["voluntary_ctxt_switches"])
+            found["involuntary"] += int(lines["nonvoluntary_ctxt_switches"])
+    return found
 
 
 def serve_in_child(kind, upstream_addr, options, pipe):
@@ -232,12 +246,12 @@ def serve_in_child(kind, upstream_addr, options, pipe):
         os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     server = build_server(kind, upstream_addr, options)
     threads = PeakThreads()
-    at_start = resource.getrusage(resource.RUSAGE_SELF)   # the CPU of starting up is not the server's
+    at_start = usage_of_this_process(server)   # the CPU of starting up is not the server's
     pipe.send(server.addr)
     with contextlib.suppress(EOFError):   # the parent died: stop all the same
         while (message := pipe.recv()) != "stop":
             if message == "usage":
-                pipe.send(usage_of_this_process())
+                pipe.send(usage_of_this_process(server))
                 continue
             _, counter, level, timeout = message
             try:
@@ -247,11 +261,11 @@ def serve_in_child(kind, upstream_addr, options, pipe):
             except TimeoutError as error:
                 pipe.send(str(error))
     peak_threads = threads.stop()
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    user, system = usage.ru_utime - at_start.ru_utime, usage.ru_stime - at_start.ru_stime
+    usage = usage_of_this_process(server)
+    user, system = usage["user"] - at_start["user"], usage["system"] - at_start["system"]
     report = {
         "peak_threads": peak_threads,
-        "peak_rss_mb": usage.ru_maxrss / 1024,   # Linux reports kilobytes
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,   # in kB
         "cpu_seconds": user + system, "user_seconds": user, "system_seconds": system,
         "profile": ProfiledThreads.report() if options.get("profile") else None,
     }

@@ -4,6 +4,8 @@ verdicts come out as written. The bench itself runs with `make bench`."""
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -377,3 +379,19 @@ def test_redis_rows_take_each_ratio_within_a_repetition_and_the_targets_read_the
 def test_steady_connections_are_the_count_seen_most_often_not_the_peak_nor_the_ramp():
     assert redis_peers.steady([0, 3, 8, 64, 64, 64, 80, 64, 12]) == 64   # 80: the run before's, closing
     assert redis_peers.steady([1, 1, 8, 8]) == 8
+
+
+def test_a_servers_usage_counts_the_cpu_of_its_other_worker_processes():
+    """A worker runs until its server closes, so no rusage of children sees it: /proc does."""
+    spin = "import time\nwhile time.process_time() < 0.2: pass\nprint(flush=True)\ntime.sleep(60)"
+    worker = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE)
+    try:
+        worker.stdout.readline()   # it has spent its 0.2 s of CPU
+        server = type("Server", (), {"_worker_pids": [worker.pid]})()
+        alone, with_worker = machinery.usage_of_this_process(), machinery.usage_of_this_process(server)
+        assert with_worker["user"] + with_worker["system"] - alone["user"] - alone["system"] >= 0.15
+        assert with_worker["voluntary"] >= alone["voluntary"]
+    finally:
+        worker.kill()
+        worker.wait()
+        worker.stdout.close()
