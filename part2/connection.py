@@ -27,6 +27,7 @@ from part2.pipeline import OutOfStep, Pipeline
 ABANDONED_MAX = 64      # abandoned runs one connection may owe; one more ends it (a memory bound)
 OUT_MAX = 256 * 1024    # bytes of requests queued on a connection before the next runs wait
 READ_SIZE = 256 * 1024  # bytes asked of one recv() from the upstream
+WINDOW = 1 << 20        # bytes of a long reply its client may have unread before reading stops
 PING = b"PING\n"        # the initial ping: a toy protocol request, and an inline command to Redis
 
 
@@ -75,6 +76,8 @@ class Connection:
         self.flushing = False    # listed for this turn's send phase
         self.inbox = None        # once connected: what each recv_into() fills (see _read())
         self.watching = 0        # the events the loop watches its socket for (Loop.want())
+        self.paused = False      # not read while a long reply's client has its window full
+        self.drained = None      # what to call once its queue is short again (a long request)
 
     # -- connecting --
 
@@ -125,7 +128,7 @@ class Connection:
             self.arm()
 
     def _send(self, run):
-        self.pipeline.queue(run)
+        self.pending += self.pipeline.queue(run)   # the sync before it (a state) is owed too
         self.client.sent += len(run.requests)
         if self.client.on_event:
             self.client._tell("sent", self, run.data)
@@ -138,19 +141,24 @@ class Connection:
         pipeline = self.pipeline
         while self.waiting and self.state == "up" and len(pipeline.out) < OUT_MAX:
             self._send(self.waiting.popleft())
-        if self.ended or not pipeline.out:
+        if self.ended or not self.connected:
             return
-        try:
-            sent = self.sock.send(pipeline.out)
-        except BlockingIOError:
-            sent = 0
-        except OSError as error:
-            reason = reason_of(error)
-            self.end(f"send failed: {reason}", MessageLost(f"send failed: {reason}"))
-            return
-        for run in pipeline.wrote(sent):
-            self.client.written += len(run.requests)
-        if (events := READ | WRITE if pipeline.out else READ) != self.watching:
+        if pipeline.out:
+            try:
+                sent = self.sock.send(pipeline.out)
+            except BlockingIOError:
+                sent = 0
+            except OSError as error:
+                reason = reason_of(error)
+                self.end(f"send failed: {reason}", MessageLost(f"send failed: {reason}"))
+                return
+            for run in pipeline.wrote(sent):
+                self.client.written += len(run.requests)
+        if self.drained is not None and len(pipeline.out) < OUT_MAX:
+            drained, self.drained = self.drained, None
+            drained()
+        events = (0 if self.paused else READ) | (WRITE if pipeline.out else 0)
+        if events != self.watching:
             self.loop.want(self, events)
 
     def ready(self, events):
@@ -183,12 +191,31 @@ class Connection:
             out_of_step = error
         if self.replied_now:   # a reply is the proof of health, not a connect; once per read
             self.client.rcache.record_success(self.client.addr)
+        if (passing_to := self.pipeline.passing_to) is not None and not self.ended and \
+                len(passing_to.out) > WINDOW:   # a long reply: read on once its client has read
+            self.paused = True
+            self.loop.want(self, WRITE if self.pipeline.out else 0)
+            passing_to.drained = self._read_again
         if out_of_step:
             run = out_of_step.run
             oldest = Owing(run.requests[run.answered], run.abandoned) if run else None
             self.end(str(out_of_step), MessageLost(out_of_step.lost))
             if out_of_step.reply is not None:   # the reply that proved it is told too
                 self.client._tell("reply", self, out_of_step.reply, oldest)
+
+    def _read_again(self):
+        self.paused = False
+        if not self.ended:
+            self.loop.want(self, READ | (WRITE if self.pipeline.out else 0))
+
+    def extend(self, run, piece):
+        """More of run's one long request (a connection of a client's own carries it alone)."""
+        if run in self.waiting:   # not queued yet: it goes with the rest, once it is
+            run.data += piece
+        else:
+            self.pipeline.extend(run, piece)
+        if not self.flushing:
+            self.loop.flush_soon(self)
 
     def _settled(self, run, replies, first):
         """The pipeline's report: run's share of this read has come (see Pipeline)."""

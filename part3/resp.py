@@ -65,8 +65,8 @@ import secrets
 
 import part3.commands as commands
 import part3.lending as lending
-from part3.lending import HELD, OWN, POOLED
 import tcp_proxy
+from part2.pipeline import HELD, OWN, POOLED
 from tcp_proxy import Head, Piece, Session
 
 MAX_REPLY = 1 << 20     # the longest reply a pool will buffer (Redis allows 512 MB; a toy does not)
@@ -79,14 +79,16 @@ DEDICATED_CAP = 32     # connections a pool opens for its clients' waits and str
 LENGTH = re.compile(rb"-1|0|[1-9][0-9]{0,17}")   # a length or count: canonical, or -1 for null
 INTEGER = re.compile(rb"-?(0|[1-9][0-9]{0,18})")
 CR, LF = b"\r\n"   # as integers, what indexing a buffer gives
-BULK = re.compile(rb"\$(0|[1-9][0-9]{0,17})\r\n")   # a bulk string's line, the common case, read in one step
+# A bulk string's line, the common case, read in one step.
+BULK = re.compile(rb"\$(0|[1-9][0-9]{0,17})\r\n")
 # The one-pass read of an array of bulk strings: its line and its first element's in one match,
 # then each next element's line with the \r\n that ends the element before it.
 ARRAY_HEAD = re.compile(rb"\*([1-9][0-9]{0,17})\r\n\$(0|[1-9][0-9]{0,17})\r\n")
 NEXT_BULK = re.compile(rb"\r\n\$(0|[1-9][0-9]{0,17})\r\n")
 STAR, DOLLAR = b"*$"   # as integers, what indexing a buffer gives
 NUMBERS = {b"%d" % number: number for number in range(1024)}   # the common lengths, no int() each
-SIMPLE = re.compile(rb"[+-][^\r\n]*\r\n|:-?(?:0|[1-9][0-9]{0,18})\r\n|[$*]-1\r\n")   # a whole one-line reply
+# A whole one-line reply.
+SIMPLE = re.compile(rb"[+-][^\r\n]*\r\n|:-?(?:0|[1-9][0-9]{0,18})\r\n|[$*]-1\r\n")
 # RESP3's one-line types, and RESP2's integer: the type byte and what its line must be.
 SCALARS = {
     b":": INTEGER,
@@ -176,7 +178,7 @@ class Parser:
         self.searched = 0        # where the search for the current line's end resumes
         self.still_to_read = 1   # elements (array elements included) not yet read whole
         self.bulk_end = None     # inside a bulk string: where its bytes end
-        self.lines = 0           # lines parsed, each once however the bytes came (the tests read it)
+        self.lines = 0           # lines parsed, each once however the bytes came (tests read it)
         self.over = False        # the message has proved longer than max_size (overlong="drop")
         self.dropped = 0         # bytes of it deleted from the buffer's front
         self.head = None         # its first bytes, kept when the first of them are deleted
@@ -324,7 +326,8 @@ class Parser:
         """The next line, without its b"\\r\\n", or None while it has not ended."""
         end = buffer.find(b"\r", self.searched)
         if (bare := buffer.find(b"\n", self.searched, len(buffer) if end < 0 else end)) >= 0:
-            raise ValueError(f"a RESP line ended by a bare \\n: {bytes(buffer[self.position:bare + 1][:40])!r}")
+            shown_bytes = bytes(buffer[self.position:bare + 1][:40])
+            raise ValueError(f"a RESP line ended by a bare \\n: {shown_bytes!r}")
         if end < 0 or end + 1 == len(buffer):   # not ended yet (or b"\r" is the last byte so far)
             self.searched = len(buffer) if end < 0 else end
             if not self.over and self.dropped + self.searched > self.max_size:
@@ -333,7 +336,8 @@ class Parser:
                 raise ValueError(f"a RESP line longer than {self.max_size} bytes, and not over")
             return None
         if buffer[end + 1] != ord(b"\n"):
-            raise ValueError(f"a \\r not followed by \\n: {bytes(buffer[self.position:end + 2][:40])!r}")
+            shown_bytes = bytes(buffer[self.position:end + 2][:40])
+            raise ValueError(f"a \\r not followed by \\n: {shown_bytes!r}")
         line = bytes(buffer[self.position:end])
         self.position = self.searched = end + 2
         self.lines += 1
@@ -440,7 +444,7 @@ class Resp:
     `FLUSHDB`, `CONFIG SET`) that the policy refuses by default; Resp(refuse=names) refuses
     commands it would forward. A name the table does not have, or one it never passes, is a
     ValueError. max_reply and max_request bound what the pool keeps of one message: the
-    window a longer one is passed on through (FramedProxy), or dropped past (ManagedProxy).
+    window a longer one is passed on through, in pieces (both pools).
 
     AUTH belongs to the pool: password= (and user=, "default" if not given) is what it asks
     of its clients (AUTH and HELLO ... AUTH are answered by their session; anything else
@@ -480,7 +484,8 @@ class Resp:
         return frozenset(chosen)
 
     def reply_size(self, buffer):
-        """Length of the first whole reply at the start of buffer, or None while it has not ended."""
+        """Length of the first whole reply at the start of buffer, or None while it has not
+        ended."""
         return reply_size(buffer, self.max_reply)
 
     def reply_parser(self, passing=False):
@@ -573,10 +578,11 @@ class Resp:
 
     def session(self, pool=None):
         """What the pool keeps of one client between its requests (RedisSession): with a
-        pool that can hold state for it (FramedProxy), the session answers, replays, pins and
-        dedicates; without one (ManagedProxy, for now), it refuses what would need it."""
+        pool that can hold state for it (FramedProxy, ManagedProxy), the session answers,
+        replays, pins and dedicates; without one, it refuses what would need it."""
         return RedisSession(self, pool)
 
+    passes_long = True   # a message longer than a pool keeps can be passed on in pieces
     fresh_state = (2, 0, False)   # what a connection the pool opens carries, its AUTH said:
     # (its protocol, its database, whether CLIENT NO-EVICT is on)
 
@@ -600,6 +606,31 @@ class Resp:
         hello, databases = replies
         return Facts.read(hello, databases)
 
+    def sync(self, carried, wanted):
+        """The requests that bring a connection carrying the state `carried` to the state
+        `wanted` (each a fresh_state-like tuple): HELLO, SELECT and CLIENT NO-EVICT for what
+        differs; on a connection just opened (carried None), the pool's AUTH first."""
+        requests = self.opening() if carried is None else []
+        protocol, db, no_evict = carried or self.fresh_state
+        wanted_protocol, wanted_db, wanted_no_evict = wanted or self.fresh_state
+        if protocol != wanted_protocol:
+            requests.append(array(b"HELLO", b"%d" % wanted_protocol))
+        if db != wanted_db:
+            requests.append(array(b"SELECT", b"%d" % wanted_db))
+        if no_evict != wanted_no_evict:
+            requests.append(array(b"CLIENT", b"NO-EVICT", b"on" if wanted_no_evict else b"off"))
+        return requests
+
+    def synced(self, request, reply):
+        """Why a reply to sync()'s HELLO (a map, or RESP2's array), SELECT or AUTH (+OK) is
+        wrong, or None."""
+        command = words(request)[0]
+        if reply[:1] in b"%*" if command == b"HELLO" else reply == b"+OK\r\n":
+            return None
+        if command == b"AUTH":
+            return f"the upstream refused the pool's own AUTH: {shown(reply[:60].strip())}"
+        return f"{shown(command)} was answered {shown(reply[:60].strip())}"
+
     def error(self, message, code="ERR"):
         """An error reply in RESP's own form: one line, so no line break survives in it."""
         text = re.sub(r"[\r\n]", " ", message).encode("utf-8", "replace")
@@ -613,6 +644,8 @@ class Resp:
         whole reply already (the framing's parser framed it), so only its type is checked."""
         kind = reply[:1]
         if kind == b"-" and isinstance(reply, Overlong):
+            kind = reply.head[:1]
+        elif not kind and isinstance(reply, Passed):   # a long reply's end: judged by its head
             kind = reply.head[:1]
         elif not framed:
             try:
@@ -759,7 +792,8 @@ class RedisSession(Session):
     with an error and never sent, so nothing of it runs, and a client told that it
     failed can send it again without applying any of it twice.
 
-    With a pool that can hold state for its client (FramedProxy), each state has its answer:
+    With a pool that can hold state for its client (FramedProxy through part3/lending.py,
+    ManagedProxy through part2/lease.py), each state has its answer:
       answered    HELLO (2 or 3, with AUTH and SETNAME), AUTH, CLIENT SETNAME, GETNAME, ID
                   and SETINFO, QUIT and RESET, from what the session keeps; never sent
       replayed    SELECT, answered, and the protocol HELLO chose: the session's state,
@@ -770,7 +804,7 @@ class RedisSession(Session):
       dedicated   a wait (BLPOP, XREAD BLOCK) on a connection of its own, for its timeout;
                   SUBSCRIBE's stream (and MONITOR's, where the policy allows it) until the
                   last unsubscribe, as the confirmations count them (pushed())
-    The pool drives it one request at a time (part3/lending.py says how).
+    The pool drives it one request at a time (part3/lending.py, part2/lease.py say how).
     """
     lease, wait, quitting = POOLED, None, False   # what admit() says of the request admitted
 
@@ -950,27 +984,11 @@ class RedisSession(Session):
         self.lender.close(self)
 
     def sync(self, state):
-        """HELLO, SELECT and CLIENT NO-EVICT, for what a connection carries that this
-        client's does not; on a connection just opened (state None), the pool's AUTH first."""
-        requests = self.framing.opening() if state is None else []
-        protocol, db, no_evict = state or self.framing.fresh_state
-        if protocol != self.protocol:
-            requests.append(array(b"HELLO", b"%d" % self.protocol))
-        if db != self.db:
-            requests.append(array(b"SELECT", b"%d" % self.db))
-        if no_evict != self.no_evict:
-            requests.append(array(b"CLIENT", b"NO-EVICT", b"on" if self.no_evict else b"off"))
-        return requests
+        """What brings a connection carrying `state` (None: just opened) to this client's."""
+        return self.framing.sync(state, self.state)
 
     def synced(self, request, reply):
-        """Why a reply to sync()'s HELLO (a map, or RESP2's array), SELECT or AUTH (+OK) is
-        wrong."""
-        command = words(request)[0]
-        if reply[:1] in b"%*" if command == b"HELLO" else reply == b"+OK\r\n":
-            return None
-        if command == b"AUTH":
-            return f"the upstream refused the pool's own AUTH: {shown(reply[:60].strip())}"
-        return f"{shown(command)} was answered {shown(reply[:60].strip())}"
+        return self.framing.synced(request, reply)
 
     def fits(self, request, reply):
         """The fit of a reply the pool's parser framed (or of a long one's first bytes): the
@@ -986,10 +1004,13 @@ class RedisSession(Session):
         return self.framing.fits(request, reply, framed=True)
 
     def replied(self, request, reply):
-        """What a reply on the held connection says: a transaction begun or ended, keys
+        """What a reply on the held connection says (holding())."""
+        if self.lease == HELD:
+            self.holding(request, reply)
+
+    def holding(self, request, reply):
+        """A reply on the connection the client holds: a transaction begun or ended, keys
         watched or not."""
-        if self.lease != HELD:
-            return
         command = command_of(request)
         failed = reply[:1] in (b"-", b"!")
         if command == b"MULTI" and not failed:
