@@ -105,7 +105,7 @@ class Pipeline:
         """A run's requests go out after every request queued before them (and the sync its
         state needs); return how many requests of the pipeline's own went before it."""
         synced = 0
-        if self.syncs and run.state != self.carries and (run.state or self.carries is None):
+        if self.syncs and (self.carries is None or run.state and run.state != self.carries):
             synced = self._sync(run)
         self.out += run.data
         self.queued += len(run.data)

@@ -254,3 +254,49 @@ def test_a_request_the_framing_cannot_read_is_answered_after_the_earlier_ones_an
         LINES.request_size(b"GET b\rc\nGET d\n")
     assert bytes(stream.out) == answer(b"GET a") + LINES.error(str(why.value))
     assert stream.owed == 0 and not stream.waiting
+
+
+# --- a client's state, synced in the pipeline --------------------------------------------------
+
+def resp_array(*items):
+    return b"*%d\r\n" % len(items) + b"".join(b"$%d\r\n%s\r\n" % (len(i), i) for i in items)
+
+
+GET_K = resp_array(b"GET", b"k")
+HELLO_MAP = b"%1\r\n$6\r\nserver\r\n$5\r\nredis\r\n"
+HELLO_ARRAY = b"*2\r\n$6\r\nserver\r\n$5\r\nredis\r\n"
+
+
+def test_a_run_whose_state_differs_goes_after_the_sync_that_brings_the_connection_to_it():
+    core, _ = pipeline(RESP)
+    sinks = [Sink() for _ in range(3)]
+    for sink, state in zip(sinks, [(3, 1, False), (3, 1, False), (2, 0, False)]):
+        core.queue(Run([GET_K], sink, state=state))
+    assert bytes(core.out) == (resp_array(b"HELLO", b"3") + resp_array(b"SELECT", b"1") +
+                               GET_K + GET_K +   # the second: the queue's end is there already
+                               resp_array(b"HELLO", b"2") + resp_array(b"SELECT", b"0") + GET_K)
+    core.feed(HELLO_MAP + b"+OK\r\n" + b"$3\r\none\r\n" + b"$3\r\ntwo\r\n" + HELLO_ARRAY +
+              b"+OK\r\n" + b"$5\r\nthree\r\n")
+    assert [sink.told for sink in sinks] == [[("reply", b"$3\r\none\r\n")],
+                                             [("reply", b"$3\r\ntwo\r\n")],
+                                             [("reply", b"$5\r\nthree\r\n")]]
+
+
+def test_a_sync_answered_with_an_error_is_out_of_step_and_no_client_sees_its_reply():
+    core, _ = pipeline(RESP)
+    sink = Sink()
+    core.queue(Run([GET_K], sink, state=(2, 4, False)))
+    with pytest.raises(OutOfStep) as raised:
+        core.feed(b"-ERR DB index is out of range\r\n" + b"$3\r\nold\r\n")
+    assert str(raised.value) == ("the connection could not take a client's state: SELECT was "
+                                 "answered -ERR DB index is out of range")
+    assert core.lose(MessageLost("out of step")) == 1
+    assert sink.told == [("failed", "MessageLost", 1)]
+
+
+def test_a_run_that_asks_no_state_takes_the_connection_as_it_is_after_the_pools_own_auth():
+    from part3.resp import Resp
+    core, _ = pipeline(Resp(upstream_password="secret"))
+    core.queue(Run([GET_K], Sink()))   # a thread's call: no state of its own
+    core.queue(Run([GET_K], Sink(), state=(2, 0, False)))   # as the connection was opened
+    assert bytes(core.out) == resp_array(b"AUTH", b"secret") + GET_K + GET_K

@@ -211,6 +211,62 @@ def test_two_clients_in_different_databases_overlapping_transactions_and_a_subsc
     assert control.command("GET k") == b"$-1\r\n"
 
 
+def test_managed_clients_of_three_states_share_its_one_pipelined_connection_each_in_its_own(
+        redis, control, clients):
+    """ManagedProxy's pipeline keeps the state its queue leaves the connection in, and syncs
+    it before an entry of a client whose state differs: the same HELLO and SELECT a checkout
+    costs FramedProxy, on the one connection every client shares."""
+    control.command("CONFIG RESETSTAT")
+    with ManagedProxy([(redis.addr, 1)], framing=RESP) as proxy:
+        resp3, db2, plain = clients(proxy.addr, 3)
+        assert resp3.ask("HELLO 3")[0].startswith(b"%7\r\n")
+        assert db2.ask("SELECT 2") == [b"+OK\r\n"]
+        for _ in range(2):
+            assert resp3.ask("HSET h f three", "HGETALL h") == [b":0\r\n" if _ else b":1\r\n",
+                                                              b"%1\r\n$1\r\nf\r\n$5\r\nthree\r\n"]
+            assert db2.ask("HSET h f two", "HGETALL h")[1] == b"*2\r\n$1\r\nf\r\n$3\r\ntwo\r\n"
+            assert plain.ask("HGETALL h") == [b"*2\r\n$1\r\nf\r\n$5\r\nthree\r\n"]
+        assert len(server_clients(control)) == 1
+    stats = control.command("INFO commandstats").decode()
+    assert re.search(r"cmdstat_hello:calls=(\d+)", stats)[1] == "5"    # facts() once, 4 syncs
+    assert re.search(r"cmdstat_select:calls=(\d+)", stats)[1] == "4"   # to 2 and back, twice
+
+
+def test_a_managed_transaction_goes_on_a_connection_of_its_own_closed_at_exec(
+        redis, control, clients):
+    with ManagedProxy([(redis.addr, 1)], framing=RESP) as proxy:
+        inside, outside = clients(proxy.addr, 2)
+        assert inside.ask("MULTI", "INCR n", "INCR n") == \
+            [b"+OK\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n"]
+        assert outside.ask("INCR n") == [b":1\r\n"]   # not queued: it runs now, on the shared one
+        assert inside.ask("EXEC") == [b"*2\r\n:2\r\n:3\r\n"]
+        wait_for(lambda: len(server_clients(control)) == 1, "the transaction's own one closed")
+        assert lending.lender_of(proxy).dedicated == 1
+
+
+def test_a_managed_client_that_leaves_mid_transaction_has_its_own_connection_closed(
+        redis, control, clients):
+    with ManagedProxy([(redis.addr, 1)], framing=RESP) as proxy:
+        leaver, other = clients(proxy.addr, 2)
+        assert other.ask("PING") == [b"+PONG\r\n"]
+        assert leaver.ask("MULTI", "SET k leaver") == [b"+OK\r\n", b"+QUEUED\r\n"]
+        leaver.close()
+        wait_for(lambda: len(server_clients(control)) == 1, "the transaction's connection closed")
+        assert other.ask("GET k") == [b"$-1\r\n"]   # nothing of it ran
+
+
+def test_a_managed_sync_the_server_refuses_fails_what_is_owed_and_ends_the_connection(
+        guarded, clients):
+    server, control = guarded
+    with ManagedProxy([(server.addr, 1)], framing=RESP) as proxy:
+        client = clients(proxy.addr)
+        assert client.ask("HELLO 3")[0].startswith(b"%7\r\n")
+        assert client.ask("GET k")[0].startswith(
+            b"-ERR MessageLost: the connection could not take a client's state: HELLO was "
+            b"answered -NOAUTH")
+        wait_for(lambda: len(server_clients(control)) == 0, "the refused connection closed")
+
+
 # --- a transaction on the connection the client holds ----------------------------------------
 
 def test_a_transaction_is_queued_on_the_clients_own_connection_while_others_run_beside_it(
