@@ -270,7 +270,7 @@ HELLO_ARRAY = b"*2\r\n$6\r\nserver\r\n$5\r\nredis\r\n"
 def test_a_run_whose_state_differs_goes_after_the_sync_that_brings_the_connection_to_it():
     core, _ = pipeline(RESP)
     sinks = [Sink() for _ in range(3)]
-    for sink, state in zip(sinks, [(3, 1, False), (3, 1, False), (2, 0, False)]):
+    for sink, state in zip(sinks, [(3, 1, False, None), (3, 1, False, None), (2, 0, False, None)]):
         core.queue(Run([GET_K], sink, state=state))
     assert bytes(core.out) == (resp_array(b"HELLO", b"3") + resp_array(b"SELECT", b"1") +
                                GET_K + GET_K +   # the second: the queue's end is there already
@@ -285,7 +285,7 @@ def test_a_run_whose_state_differs_goes_after_the_sync_that_brings_the_connectio
 def test_a_sync_answered_with_an_error_is_out_of_step_and_no_client_sees_its_reply():
     core, _ = pipeline(RESP)
     sink = Sink()
-    core.queue(Run([GET_K], sink, state=(2, 4, False)))
+    core.queue(Run([GET_K], sink, state=(2, 4, False, None)))
     with pytest.raises(OutOfStep) as raised:
         core.feed(b"-ERR DB index is out of range\r\n" + b"$3\r\nold\r\n")
     assert str(raised.value) == ("the connection could not take a client's state: SELECT was "
@@ -298,5 +298,5 @@ def test_a_run_that_asks_no_state_takes_the_connection_as_it_is_after_the_pools_
     from part3.resp import Resp
     core, _ = pipeline(Resp(upstream_password="secret"))
     core.queue(Run([GET_K], Sink()))   # a thread's call: no state of its own
-    core.queue(Run([GET_K], Sink(), state=(2, 0, False)))   # as the connection was opened
+    core.queue(Run([GET_K], Sink(), state=RESP.fresh_state))   # as the connection was opened
     assert bytes(core.out) == resp_array(b"AUTH", b"secret") + GET_K + GET_K

@@ -583,8 +583,8 @@ class Resp:
         return RedisSession(self, pool)
 
     passes_long = True   # a message longer than a pool keeps can be passed on in pieces
-    fresh_state = (2, 0, False)   # what a connection the pool opens carries, its AUTH said:
-    # (its protocol, its database, whether CLIENT NO-EVICT is on)
+    fresh_state = (2, 0, False, None)   # what a connection the pool opens carries, AUTH said:
+    # (its protocol, its database, whether CLIENT NO-EVICT is on, its CLIENT SETNAME)
 
     def opening(self):
         """What the pool says on a connection it has just opened, before anything else: its
@@ -608,17 +608,20 @@ class Resp:
 
     def sync(self, carried, wanted):
         """The requests that bring a connection carrying the state `carried` to the state
-        `wanted` (each a fresh_state-like tuple): HELLO, SELECT and CLIENT NO-EVICT for what
+        `wanted` (each a fresh_state-like tuple): HELLO, SELECT, CLIENT NO-EVICT and SETNAME
+        for what
         differs; on a connection just opened (carried None), the pool's AUTH first."""
         requests = self.opening() if carried is None else []
-        protocol, db, no_evict = carried or self.fresh_state
-        wanted_protocol, wanted_db, wanted_no_evict = wanted or self.fresh_state
+        protocol, db, no_evict, name = carried or self.fresh_state
+        wanted_protocol, wanted_db, wanted_no_evict, wanted_name = wanted or self.fresh_state
         if protocol != wanted_protocol:
             requests.append(array(b"HELLO", b"%d" % wanted_protocol))
         if db != wanted_db:
             requests.append(array(b"SELECT", b"%d" % wanted_db))
         if no_evict != wanted_no_evict:
             requests.append(array(b"CLIENT", b"NO-EVICT", b"on" if wanted_no_evict else b"off"))
+        if name != wanted_name:   # so CLIENT LIST and the server's log name the client
+            requests.append(array(b"CLIENT", b"SETNAME", wanted_name or b""))
         return requests
 
     def synced(self, request, reply):
@@ -832,7 +835,7 @@ class RedisSession(Session):
 
     @property
     def state(self):
-        return (self.protocol, self.db, self.no_evict)
+        return (self.protocol, self.db, self.no_evict, self.name)
 
     @property
     def holds(self):

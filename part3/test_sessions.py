@@ -267,6 +267,30 @@ def test_a_managed_sync_the_server_refuses_fails_what_is_owed_and_ends_the_conne
         wait_for(lambda: len(server_clients(control)) == 0, "the refused connection closed")
 
 
+@pytest.mark.parametrize("pool_kind", POOL_KINDS)
+def test_a_clients_name_is_replayed_so_client_list_names_it_on_the_connection_it_borrows(
+        redis, control, clients, pool_kind):
+    with make_pool(pool_kind, redis, framing=Resp(allow=["CLIENT LIST"]), pool_cap=1) as proxy:
+        named, other = clients(proxy.addr, 2)
+        assert named.ask("CLIENT SETNAME worker-1") == [b"+OK\r\n"]
+        assert b" name=worker-1 " in named.ask("CLIENT LIST")[0]
+        assert b" name=worker-1 " not in other.ask("CLIENT LIST")[0]
+
+
+@pytest.mark.parametrize("pool_kind", POOL_KINDS)
+def test_config_set_requirepass_is_never_passed_even_where_config_set_is_allowed(
+        redis, control, clients, pool_kind):
+    """AUTH belongs to the pool: a client that changed the server's password would leave the
+    pool unable to open a connection for anyone."""
+    with make_pool(pool_kind, redis, framing=Resp(allow=["CONFIG SET"])) as proxy:
+        client = clients(proxy.addr)
+        assert client.ask("CONFIG SET requirepass mine")[0].startswith(
+            b"-ERR tcp-proxy: CONFIG SET requirepass changes the password every connection must "
+            b"give the server, which is the pool's to say")
+        assert client.ask("CONFIG SET maxmemory-samples 5") == [b"+OK\r\n"]
+    assert control.command("CONFIG GET requirepass") == b"*2\r\n$11\r\nrequirepass\r\n$0\r\n\r\n"
+
+
 # --- a transaction on the connection the client holds ----------------------------------------
 
 def test_a_transaction_is_queued_on_the_clients_own_connection_while_others_run_beside_it(
