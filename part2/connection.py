@@ -5,6 +5,8 @@
                      ended; its Pipeline (the runs it owes replies to); the runs waiting
                      to be written; the deadlines it keeps on the loop's clock; end(),
                      the one way it ends, which fails what it owes
+    Deadlines        the deadlines half of Connection (its base): arm(), _check() and
+                     what each deadline that has passed does
 
 The order a run takes: take() (queued at once when up, else it waits) -> the turn's send
 phase (flush(): one send) -> the upstream's replies, read by the turn (_read(): the
@@ -53,7 +55,120 @@ def start_connect(addr):
     return None, os.strerror(failed)
 
 
-class Connection:
+class Deadlines:
+    """A connection's deadlines (Connection's, by inheritance): the connect's and the initial
+    ping's, each owed run's msg_timeout, the waiting runs', the idle timeout; one timer set
+    for the earliest, and what each does once it has passed."""
+
+    def arm(self):
+        """Set the timer for the earliest deadline kept, unless the one set fires no later."""
+        due = self._next_deadline()
+        if due is None or (self.timer is not None and self.timer.when <= due):
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.at(due, self._check)
+
+    def _next_deadline(self):
+        deadlines = [self.idle_deadline(), self.waiting[0].deadline if self.waiting else None]
+        if not self.connected or self.ping and not self.ping.over():
+            deadlines.append(self.connect_deadline)
+        for run in self.pipeline.owed:   # abandoned runs come first: they are the oldest
+            deadlines.append(run.overdue_at if run.abandoned else run.deadline)
+            if not run.abandoned:
+                break
+        return min((deadline for deadline in deadlines if deadline is not None), default=None)
+
+    def idle_deadline(self):
+        idle_timeout = self.client.idle_timeout
+        if self.state != "up" or self.pipeline.owed or self.waiting or idle_timeout <= 0 \
+                or unlimited(idle_timeout):
+            return None
+        return self.idle_since + idle_timeout
+
+    def _check(self):
+        """The timer fired: end, abandon or fail whatever is due now, then set it again."""
+        self.timer = None
+        client, now = self.client, self.client.clock.now()
+        timeout = as_seconds(client.msg_timeout)
+        connecting = not self.connected or self.ping and not self.ping.over()
+        if self.ended or connecting and self._connect_timed_out(now, timeout):
+            return
+        if not self._check_owed(now, timeout):
+            return
+        late = "still connecting after" if self.state == "connecting" else "request not sent within"
+        while self.waiting and due(self.waiting[0].deadline, now):
+            self._fail(self.waiting.popleft(), MessageTimeout(f"{late} {timeout}"))
+        if (idle_end := self.idle_deadline()) is not None and now >= idle_end:
+            self.end(f"idle for {as_seconds(client.idle_timeout)}")
+            return
+        self.arm()
+
+    def _connect_timed_out(self, now, timeout):
+        """The connect or the ping past the opening run's deadline ends the connection."""
+        if not due(self.connect_deadline, now):
+            return False
+        if not self.connected:
+            self.end("connect failed: timed out", CommunicationError("cannot connect: timed out"))
+        else:
+            self.end("initial ping not answered in time",
+                     MessageTimeout(f"initial ping not answered within {timeout}"))
+        return True
+
+    def _check_owed(self, now, timeout):
+        """The owed runs' deadlines, oldest first; False once the connection has ended."""
+        owed, index = self.pipeline.owed, 0
+        while index < len(owed):
+            run = owed[index]
+            if run.abandoned and now >= run.overdue_at:
+                self.end("an abandoned call's reply is overdue",
+                         MessageLost("a timed-out call's reply never came"))
+            elif not run.abandoned and not due(run.deadline, now):
+                return True
+            elif not run.abandoned and not self.pipeline.is_written(run):   # part of it on the wire
+                self._fail(run, MessageTimeout(f"request not sent within {timeout}"))
+                self.end("a request not written in time",
+                         MessageLost("a request not written in time closed the connection"))
+            elif not run.abandoned:
+                self._time_out(run, now, timeout)
+            if self.ended:
+                return False
+            index += run.abandoned   # an abandoned run keeps its place; a forgotten one has left
+        return True
+
+    def _time_out(self, run, now, timeout):
+        """An owed run's deadline has passed: what becomes of it and of the connection."""
+        client = self.client
+        request = b"".join(run.requests[run.answered:])
+        error = MessageTimeout(f"no reply within {timeout}")
+        if client.msg_timeout_is_fatal:   # Ocamlnet: the other calls on it are lost, not timed out
+            self._fail(run, error)
+            self.end("message timeout (fatal)",
+                     MessageLost("another call's fatal message timeout closed the connection"))
+        elif client.late_replies == "forget":   # scaffolding: the bug, as a real code path
+            self._forget(run, error)
+        else:   # its replies are still owed: thrown away as they come; they keep the client busy
+            self._abandon(run, error, now)
+        client._tell("timed out", self, request)
+
+    def _forget(self, run, error):
+        self.pipeline.drop(run)   # so the next reply goes to the run behind it
+        self._fail(run, error)
+
+    def _abandon(self, run, error, now):
+        run.sink.failed(run, error)
+        run.abandoned, run.overdue_at = True, now + self.client.msg_timeout
+        self.abandoned += 1
+        if self.abandoned > ABANDONED_MAX:
+            self.end(f"more than {ABANDONED_MAX} abandoned calls owed",
+                     MessageLost("too many replies overdue on the connection"))
+
+    def _fail(self, run, error):
+        self.pending -= run.owing_count()
+        run.fail(error)
+
+
+class Connection(Deadlines):
     """One connection's life (see the module's map). Its client holds the settings, the
     counters and the events; the connection changes them through the client's _move(),
     _tell() and _record_error(), and bumps its counters."""
@@ -249,115 +364,6 @@ class Connection:
             self.end(before, CommunicationError(before))
         else:   # Ocamlnet forgets a timed-out call: its reply, never come, is no error
             self.end("upstream closed the idle connection")
-
-    # -- the deadlines --
-
-    def arm(self):
-        """Set the timer for the earliest deadline kept, unless the one set fires no later."""
-        due = self._next_deadline()
-        if due is None or (self.timer is not None and self.timer.when <= due):
-            return
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = self.loop.at(due, self._check)
-
-    def _next_deadline(self):
-        deadlines = [self.idle_deadline(), self.waiting[0].deadline if self.waiting else None]
-        if not self.connected or self.ping and not self.ping.over():
-            deadlines.append(self.connect_deadline)
-        for run in self.pipeline.owed:   # abandoned runs come first: they are the oldest
-            deadlines.append(run.overdue_at if run.abandoned else run.deadline)
-            if not run.abandoned:
-                break
-        return min((deadline for deadline in deadlines if deadline is not None), default=None)
-
-    def idle_deadline(self):
-        idle_timeout = self.client.idle_timeout
-        if self.state != "up" or self.pipeline.owed or self.waiting or idle_timeout <= 0 \
-                or unlimited(idle_timeout):
-            return None
-        return self.idle_since + idle_timeout
-
-    def _check(self):
-        """The timer fired: end, abandon or fail whatever is due now, then set it again."""
-        self.timer = None
-        client, now = self.client, self.client.clock.now()
-        timeout = as_seconds(client.msg_timeout)
-        connecting = not self.connected or self.ping and not self.ping.over()
-        if self.ended or connecting and self._connect_timed_out(now, timeout):
-            return
-        if not self._check_owed(now, timeout):
-            return
-        late = "still connecting after" if self.state == "connecting" else "request not sent within"
-        while self.waiting and due(self.waiting[0].deadline, now):
-            self._fail(self.waiting.popleft(), MessageTimeout(f"{late} {timeout}"))
-        if (idle_end := self.idle_deadline()) is not None and now >= idle_end:
-            self.end(f"idle for {as_seconds(client.idle_timeout)}")
-            return
-        self.arm()
-
-    def _connect_timed_out(self, now, timeout):
-        """The connect or the ping past the opening run's deadline ends the connection."""
-        if not due(self.connect_deadline, now):
-            return False
-        if not self.connected:
-            self.end("connect failed: timed out", CommunicationError("cannot connect: timed out"))
-        else:
-            self.end("initial ping not answered in time",
-                     MessageTimeout(f"initial ping not answered within {timeout}"))
-        return True
-
-    def _check_owed(self, now, timeout):
-        """The owed runs' deadlines, oldest first; False once the connection has ended."""
-        owed, index = self.pipeline.owed, 0
-        while index < len(owed):
-            run = owed[index]
-            if run.abandoned and now >= run.overdue_at:
-                self.end("an abandoned call's reply is overdue",
-                         MessageLost("a timed-out call's reply never came"))
-            elif not run.abandoned and not due(run.deadline, now):
-                return True
-            elif not run.abandoned and not self.pipeline.is_written(run):   # part of it on the wire
-                self._fail(run, MessageTimeout(f"request not sent within {timeout}"))
-                self.end("a request not written in time",
-                         MessageLost("a request not written in time closed the connection"))
-            elif not run.abandoned:
-                self._time_out(run, now, timeout)
-            if self.ended:
-                return False
-            index += run.abandoned   # an abandoned run keeps its place; a forgotten one has left
-        return True
-
-    def _time_out(self, run, now, timeout):
-        """An owed run's deadline has passed: what becomes of it and of the connection."""
-        client = self.client
-        request = b"".join(run.requests[run.answered:])
-        error = MessageTimeout(f"no reply within {timeout}")
-        if client.msg_timeout_is_fatal:   # Ocamlnet: the other calls on it are lost, not timed out
-            self._fail(run, error)
-            self.end("message timeout (fatal)",
-                     MessageLost("another call's fatal message timeout closed the connection"))
-        elif client.late_replies == "forget":   # scaffolding: the bug, as a real code path
-            self._forget(run, error)
-        else:   # its replies are still owed: thrown away as they come; they keep the client busy
-            self._abandon(run, error, now)
-        client._tell("timed out", self, request)
-
-    def _forget(self, run, error):
-        self.pipeline.drop(run)   # so the next reply goes to the run behind it
-        self._fail(run, error)
-
-    def _abandon(self, run, error, now):
-        run.sink.failed(run, error)
-        run.abandoned, run.overdue_at = True, now + self.client.msg_timeout
-        self.abandoned += 1
-        if self.abandoned > ABANDONED_MAX:
-            self.end(f"more than {ABANDONED_MAX} abandoned calls owed",
-                     MessageLost("too many replies overdue on the connection"))
-
-    def _fail(self, run, error):
-        self.pending -= run.owing_count()
-        run.fail(error)
 
     # -- the end --
 
