@@ -541,10 +541,10 @@ def redis_py_client(proxy, **options):
     return redis_py.Redis(host=proxy.addr[0], port=proxy.addr[1], socket_timeout=30, **options)
 
 
-# RESP2 clients (protocol=2) work through both pools; redis-py's defaults (RESP3), through
-# the pools that keep state for their clients (test_sessions.py's POOL_KINDS says which).
+# RESP2 clients (protocol=2) and redis-py's defaults (RESP3) work through both pools.
 PROTOCOLS = [pytest.param("ManagedProxy", 2, id="ManagedProxy-resp2"),
              pytest.param("FramedProxy", 2, id="FramedProxy-resp2"),
+             pytest.param("ManagedProxy", None, id="ManagedProxy-defaults"),
              pytest.param("FramedProxy", None, id="FramedProxy-defaults")]
 
 
