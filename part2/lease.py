@@ -233,8 +233,15 @@ class StreamLink:
         self.timer = None
         self.loop.want(self, WRITE)
 
-    def send(self, request):
-        self.out += request + self.session.barrier()
+    def send(self, request, settles=True):
+        """request on the stream; one that settles (a subscription's change) takes the
+        session's barrier along, and the client's admission waits for its reply."""
+        self.out += request
+        if self.connected and not self.flushing:
+            self.loop.flush_soon(self)
+        if not settles:
+            return
+        self.out += self.session.barrier()
         self.barriers += 1
         if self.timer is None:
             self.timer = self.loop.at(self.loop.clock.now() + self.proxy.msg_timeout, self._late)

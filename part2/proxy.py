@@ -262,7 +262,9 @@ class ProxyClient(ClientStream):
             if session.streams:
                 if self.link is None:
                     self.link = StreamLink(self.proxy, self, WINDOW)
-                self.link.send(request)
+                self.link.send(request, session.settles)
+                if not session.settles:   # no barrier to wait for (MONITOR): admission goes on
+                    self.idle()
                 return True
             if session.lease == HELD:
                 link = self.held = self.held or OwnLink(self.proxy, self)
@@ -315,6 +317,8 @@ class ProxyClient(ClientStream):
     def answered(self):
         if self.link is not None and not self.session.streams:   # RESET, QUIT: the stream ends
             self._end_stream()
+        if self.held is not None and not self.session.holds:   # an EXECABORT, RESET, QUIT the
+            self._let_go(self.held)   # pool answered: its transaction's connection is never lent
 
     def stream_settled(self, link):
         if not self.session.streams:   # the last unsubscribe: the stream is over

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from part2.managed import ManagedProxy
-from part3.conftest import (Client, array, direct_and_pooled)
+from part3.conftest import Client, array, direct_and_pooled
 from part3.resp import RESP, Resp
 from tcp_proxy import FramedProxy
 

@@ -3,9 +3,10 @@ the client holds, a wait or a stream on one of its own, each bounded and closed 
 import re
 import time
 
+import pytest
 
 from part3 import lending
-from part3.conftest import (Client, server_clients, wait_for)
+from part3.conftest import POOL_KINDS, Client, make_pool, server_clients, wait_for
 from part3.resp import RESP, Resp
 from tcp_proxy import FramedProxy
 
@@ -60,18 +61,20 @@ def test_a_request_the_pool_refuses_inside_multi_dooms_the_transaction_and_nothi
         assert (proxy.opened, proxy.discarded) == (2, 1)   # the doomed one closed
 
 
+@pytest.mark.parametrize("pool_kind", POOL_KINDS)
 def test_a_subscribe_inside_a_transaction_dooms_it_and_after_watch_is_refused_until_unwatch(
-        redis, control, clients):
+        redis, control, clients, pool_kind):
     """redis-server queues a SUBSCRIBE inside MULTI and runs it at EXEC, which would turn the
     held connection into a stream: the pool refuses it, and so the transaction."""
-    with FramedProxy(redis.addr, framing=RESP, pool_cap=1) as proxy:
+    with make_pool(pool_kind, redis, pool_cap=1) as proxy:
         client = clients(proxy.addr)
         replies = client.ask("MULTI", "SUBSCRIBE a", "EXEC", "WATCH k", "SUBSCRIBE a", "UNWATCH")
         assert replies[0] == b"+OK\r\n" and replies[3] == replies[5] == b"+OK\r\n"
         assert replies[1].startswith(b"-ERR tcp-proxy: SUBSCRIBE inside a transaction")
         assert replies[2].startswith(b"-EXECABORT")
         assert replies[4].startswith(b"-ERR tcp-proxy: SUBSCRIBE while WATCH holds the connection")
-        assert lending.lender_of(proxy).dedicated == 0
+        streams = 0 if pool_kind == "FramedProxy" else 2   # ManagedProxy's: each transaction's
+        assert lending.lender_of(proxy).dedicated == streams   # own connection; no stream's
 
 
 def test_reset_ends_a_transaction_by_closing_its_connection_and_the_session_starts_again(
@@ -188,13 +191,14 @@ def test_reset_and_quit_end_a_stream_and_unsubscribe_outside_one_is_answered_as_
         wait_for(lambda: lending.lender_of(proxy).own == 0, "the lender's count of them")
 
 
+@pytest.mark.parametrize("pool_kind", POOL_KINDS)
 def test_monitor_is_refused_by_the_pools_policy_and_streams_once_allowed_by_name(
-        redis, control, clients):
-    with FramedProxy(redis.addr, framing=RESP) as proxy:
+        redis, control, clients, pool_kind):
+    with make_pool(pool_kind, redis) as proxy:
         assert clients(proxy.addr).ask("MONITOR") == [
             b"-ERR tcp-proxy: MONITOR streams every client's commands to the connection; refused "
             b"by the pool's policy (allow it by name)\r\n"]
-    with FramedProxy(redis.addr, framing=Resp(allow={"MONITOR"})) as proxy:
+    with make_pool(pool_kind, redis, framing=Resp(allow={"MONITOR"})) as proxy:
         watcher = clients(proxy.addr)
         assert watcher.ask("MONITOR") == [b"+OK\r\n"]
         control.command("SET seen yes")

@@ -3,9 +3,7 @@ a window of memory; a long reply that cannot answer its request reaches no one."
 import re
 import socket
 
-
-from part3.conftest import (array, lost,
-                            make_pool)
+from part3.conftest import array, lost, make_pool
 from part3.resp import RESP
 from tcp_proxy import FramedProxy, Frames, Server
 

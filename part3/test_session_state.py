@@ -7,7 +7,7 @@ import pytest
 
 from part2.managed import ManagedProxy
 from part3 import lending
-from part3.conftest import (POOL_KINDS, make_pool, server_clients, wait_for)
+from part3.conftest import POOL_KINDS, make_pool, server_clients, wait_for
 from part3.resp import RESP, Resp
 from tcp_proxy import FramedProxy
 

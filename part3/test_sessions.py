@@ -7,8 +7,7 @@ import subprocess
 import pytest
 
 from conftest import need_redis
-from part3.conftest import (array, lost,
-                            make_pool, redis_py)
+from part3.conftest import array, lost, make_pool, redis_py
 from part3.resp import Resp
 
 
