@@ -140,7 +140,9 @@ class Pipeline:
         frames, owed = self.frames, self.owed
         fits = self.framing.fits if self.check_fit else None
         frames.feed(data)
-        taken, error = take_all(frames)
+        taken, error = frames.take_all()
+        if frames.pieces:   # a long reply's last pieces, taken from the bytes but not given
+            taken += pieces_left(frames)
         run, replies, first = None, [], 0
         try:
             for reply in taken:
@@ -241,14 +243,12 @@ def passing_frames(framing, new_parser):
     return Frames(new_parser)
 
 
-def take_all(frames):
-    """Frames.take_all(), and the pieces of a long message it left behind (it stops once
-    the bytes are all read, with a message's last pieces taken from them but not given)."""
-    taken, error = frames.take_all()
-    if frames.pieces:
-        taken += frames.pieces
-        frames.pieces.clear()
-    return taken, error
+def pieces_left(frames):
+    """The pieces of a long message Frames.take_all() left behind: it stops once the bytes
+    are all read, with a message's last pieces taken from them but not given."""
+    pieces = list(frames.pieces)
+    frames.pieces.clear()
+    return pieces
 
 
 class Entry:
@@ -360,27 +360,29 @@ class ClientStream:
         self.skipping = False      # a long request refused: its pieces are read and dropped
         self.drained = None        # what to call once out is short again (a long reply waits)
 
-    def feed(self, data):
+    def feed(self, data, held=None):
         """The client's bytes; return the entries to send upstream, in order. Bytes that are
-        whole requests, every one sent on, are the entry's bytes as they came."""
-        if self.ended:
-            return []
-        frames = self.frames
-        plain = not frames.unread   # no request begun before: its bytes may be all requests
-        frames.feed(data)
-        taken, error = take_all(frames)
-        if self.deferred is not None:   # admission waits: these wait behind the rest
-            self.deferred += taken
-            self.deferred_error = self.deferred_error or error
-            if self.sending:
-                self._send_pieces()
-            return []
-        return self.admit(taken, error, bytes(data) if plain and not frames.unread else None)
-
-    def admit(self, taken, error, whole=None):
-        """Each request the session admits: sent on, answered by the pool, or lent a
-        connection of the client's own; return the entries to send upstream. whole: the
-        requests' bytes end to end, if they came as one read."""
+        whole requests, every one sent on, are the entry's bytes as they came. Each request
+        the session admits is sent on, answered by the pool, or lent a connection of the
+        client's own. held: (requests, error) read before, admitted now (resume())."""
+        if held is None:
+            if self.ended:
+                return []
+            frames = self.frames
+            plain = not frames.unread   # no request begun before: its bytes may be all requests
+            frames.feed(data)
+            taken, error = frames.take_all()
+            if frames.pieces:   # a long request's last pieces, taken from the bytes but not given
+                taken += pieces_left(frames)
+            if self.deferred is not None:   # admission waits: these wait behind the rest
+                self.deferred += taken
+                self.deferred_error = self.deferred_error or error
+                if self.sending:
+                    self._send_pieces()
+                return []
+            whole = bytes(data) if plain and not frames.unread else None
+        else:
+            (taken, error), whole = held, None
         session = self.session
         admit = session.admit
         entries, requests = [], []
@@ -439,9 +441,9 @@ class ClientStream:
                 self.sending, self.skipping = sent, not sent
                 self._send_pieces()
             return []
-        taken, error = self.deferred, self.deferred_error
+        held = self.deferred, self.deferred_error
         self.deferred = self.deferred_error = None
-        return self.admit(taken, error)
+        return self.feed(b"", held)
 
     def _send_pieces(self):
         """The pieces of the long request lent, read so far: on to its connection (pass_on());

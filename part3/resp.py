@@ -824,6 +824,7 @@ class PoolAnswers:
         if name is not None:
             self.name = name or None   # an empty name clears it
         self.protocol = version or self.protocol
+        self.restate()
         pairs = [bulk(b"server"), bulk(b"redis"), bulk(b"version"), bulk(facts.version),
                  bulk(b"proto"), b":%d\r\n" % self.protocol, bulk(b"id"), b":%d\r\n" % self.id,
                  bulk(b"mode"), bulk(facts.mode), bulk(b"role"), bulk(facts.role),
@@ -868,6 +869,7 @@ class PoolAnswers:
             if not 0 <= index < databases:
                 return self.framing.error("DB index is out of range")
         self.db = index
+        self.restate()
         return b"+OK\r\n"
 
     def client(self, items):
@@ -884,6 +886,7 @@ class PoolAnswers:
             if not NAME_BYTES.fullmatch(items[2]):
                 return NAME_REFUSED
             self.name = items[2] or None
+            self.restate()
             return b"+OK\r\n"
         attribute = items[2].lower()
         if attribute not in (b"lib-name", b"lib-ver"):
@@ -902,6 +905,7 @@ class PoolAnswers:
         if items[2].lower() not in (b"on", b"off"):
             return self.framing.error("syntax error")
         self.no_evict = items[2].lower() == b"on"
+        self.restate()
         return b"+OK\r\n"
 
     def reply_command(self, items):
@@ -972,6 +976,7 @@ class RedisSession(PoolAnswers, Session):
         self.protocol, self.db = 2, 0
         self.no_evict = False   # CLIENT NO-EVICT, replayed as SELECT is
         self.name = None
+        self.restate()
         self.library = {}       # CLIENT SETINFO's attributes
         self.authenticated = self.framing.password is None
         self.multi = False      # between MULTI's +OK and the reply to its EXEC or DISCARD
@@ -981,9 +986,10 @@ class RedisSession(PoolAnswers, Session):
         self.subscribed = {b"": 0, b"s": 0}   # by family: channels and patterns; shard channels
         self.marker = b"tcp-proxy:barrier:%s" % secrets.token_hex(8).encode("ascii")
 
-    @property
-    def state(self):
-        return (self.protocol, self.db, self.no_evict, self.name)
+    def restate(self):
+        """state: what a connection must carry for this client's requests (Resp.sync() brings
+        one there), kept as one tuple, made again whenever a part of it changes."""
+        self.state = (self.protocol, self.db, self.no_evict, self.name)
 
     @property
     def holds(self):
