@@ -25,6 +25,7 @@ it waits until every request before it is answered -> ProxyClient.lend() -> an O
 """
 import itertools
 import math
+import os
 import socket
 
 from part2.calls import ManagedError, Run
@@ -256,7 +257,7 @@ class StreamLink:
     def ready(self, events):
         if not self.connected:
             if failed := self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-                self.end(f"cannot connect: {failed}")
+                self.end(f"cannot connect: {os.strerror(failed)}")
                 return
             self.connected = True
         if events & READ:
