@@ -82,9 +82,9 @@ class Run:
     oldest run owed. An abandoned run timed out without ending its connection: its
     replies are still owed, and thrown away as they come."""
     __slots__ = ("requests", "data", "answered", "sink", "deadline", "abandoned", "overdue_at",
-                 "is_ping")
+                 "is_ping", "state")
 
-    def __init__(self, requests, sink, deadline=None, is_ping=False, data=None):
+    def __init__(self, requests, sink, deadline=None, is_ping=False, data=None, state=None):
         self.requests = requests   # whole requests, in the order they are written
         self.data = b"".join(requests) if data is None else data   # the same, end to end
         self.answered = 0          # how many have had their reply (or were failed)
@@ -93,6 +93,7 @@ class Run:
         self.abandoned = False
         self.overdue_at = None     # abandoned: when its missing replies end the connection
         self.is_ping = is_ping     # the initial ping: its sink is its connection
+        self.state = state         # what its connection must carry first (None: anything)
 
     def over(self):
         return self.answered == len(self.requests)
@@ -131,6 +132,7 @@ class Call:
     completion the thread waits on. The loop completes it at the end of the turn that
     settled it, once the turn's callbacks are made."""
     __slots__ = ("request", "reply", "error", "done", "waiter", "loop")
+    state = None   # a thread's call asks nothing of its connection's state
 
     def __init__(self, request, loop):
         self.request = request

@@ -5,6 +5,8 @@
                      ended; its Pipeline (the runs it owes replies to); the runs waiting
                      to be written; the deadlines it keeps on the loop's clock; end(),
                      the one way it ends, which fails what it owes
+    Deadlines        the deadlines half of Connection (its base): arm(), _check() and
+                     what each deadline that has passed does
 
 The order a run takes: take() (queued at once when up, else it waits) -> the turn's send
 phase (flush(): one send) -> the upstream's replies, read by the turn (_read(): the
@@ -27,6 +29,7 @@ from part2.pipeline import OutOfStep, Pipeline
 ABANDONED_MAX = 64      # abandoned runs one connection may owe; one more ends it (a memory bound)
 OUT_MAX = 256 * 1024    # bytes of requests queued on a connection before the next runs wait
 READ_SIZE = 256 * 1024  # bytes asked of one recv() from the upstream
+WINDOW = 1 << 20        # bytes of a long reply its client may have unread before reading stops
 PING = b"PING\n"        # the initial ping: a toy protocol request, and an inline command to Redis
 
 
@@ -52,178 +55,10 @@ def start_connect(addr):
     return None, os.strerror(failed)
 
 
-class Connection:
-    """One connection's life (see the module's map). Its client holds the settings, the
-    counters and the events; the connection changes them through the client's _move(),
-    _tell() and _record_error(), and bumps its counters."""
-
-    def __init__(self, client, deadline):
-        self.client, self.loop = client, client.loop
-        self.state = "connecting"
-        self.sock = None
-        fit = client.late_replies != "forget"   # scaffolding: the forgetful client checks nothing
-        self.pipeline = Pipeline(client.framing, self._settled, check_fit=fit)
-        self.waiting = collections.deque()   # runs placed, not yet queued: connecting, or no room
-        self.connect_deadline = deadline     # the opening run's: the connect and the ping keep it
-        self.ping = None
-        self.connected = self.ended = False
-        self.pending = 0         # requests placed here and not yet settled, abandoned ones included
-        self.abandoned = 0       # runs owed whose callers gave up
-        self.idle_since = None
-        self.replied_now = False   # a reply came in the read being handled
-        self.timer = None
-        self.flushing = False    # listed for this turn's send phase
-        self.inbox = None        # once connected: what each recv_into() fills (see _read())
-        self.watching = 0        # the events the loop watches its socket for (Loop.want())
-
-    # -- connecting --
-
-    def open(self):
-        self.sock, failed = start_connect(self.client.addr)
-        if failed:
-            self._connect_failed(failed)
-            return
-        self.loop.want(self, WRITE)   # writable once the connect is over, whatever its outcome
-        self.arm()
-
-    def _connect_failed(self, reason):
-        self.end(f"connect failed: {reason}", CommunicationError(f"cannot connect: {reason}"))
-
-    def _connect_over(self):
-        if failed := self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            self._connect_failed(os.strerror(failed))
-            return
-        self.connected = True
-        self.inbox = memoryview(bytearray(READ_SIZE))
-        self.client.count("connects")
-        self.loop.want(self, READ)
-        if self.client.initial_ping:   # nothing else is written before it is answered
-            self.ping = Run([PING], IGNORED, self.connect_deadline, is_ping=True)   # see _settled()
-            self._send(self.ping)
-        else:
-            self._up("connected")
-
-    def _up(self, reason):
-        self.state = "up"
-        self.idle_since = self.client.clock.now()
-        self.client._move("up", reason)
-        self.loop.flush_soon(self)   # the runs that waited go out in this turn's send phase
-        self.arm()
-
-    # -- runs in, bytes out --
-
-    def take(self, run):
-        """A run placed on this connection: queued at once, or after the runs waiting."""
-        self.pending += len(run.requests)
-        if self.state == "up" and not self.waiting and len(self.pipeline.out) < OUT_MAX:
-            self._send(run)
-        else:
-            if self.state == "connecting":
-                self.client.count("waiting")
-            self.waiting.append(run)
-        if run.deadline is not None and (self.timer is None or run.deadline < self.timer.when):
-            self.arm()
-
-    def _send(self, run):
-        self.pipeline.queue(run)
-        self.client.sent += len(run.requests)
-        if self.client.on_event:
-            self.client._tell("sent", self, run.data)
-        if not self.flushing:
-            self.loop.flush_soon(self)
-
-    def flush(self):
-        """The turn's one send: what is queued, and the waiting runs there is room for."""
-        self.flushing = False
-        pipeline = self.pipeline
-        while self.waiting and self.state == "up" and len(pipeline.out) < OUT_MAX:
-            self._send(self.waiting.popleft())
-        if self.ended or not pipeline.out:
-            return
-        try:
-            sent = self.sock.send(pipeline.out)
-        except BlockingIOError:
-            sent = 0
-        except OSError as error:
-            reason = reason_of(error)
-            self.end(f"send failed: {reason}", MessageLost(f"send failed: {reason}"))
-            return
-        for run in pipeline.wrote(sent):
-            self.client.written += len(run.requests)
-        if (events := READ | WRITE if pipeline.out else READ) != self.watching:
-            self.loop.want(self, events)
-
-    def ready(self, events):
-        if not self.connected:
-            self._connect_over()
-        elif events & READ:
-            self._read()
-        if events & WRITE and self.connected and not self.ended:
-            self.loop.flush_soon(self)
-
-    # -- bytes in, replies out --
-
-    def _read(self):
-        """One recv_into() the connection's own buffer: a recv() of READ_SIZE would make (and
-        the allocator map and unmap) a new buffer that large for every read."""
-        inbox = self.inbox
-        try:
-            count = self.sock.recv_into(inbox)
-        except BlockingIOError:
-            return
-        except OSError:   # a reset reads as an EOF
-            count = 0
-        if not count:
-            self._stream_ended("upstream closed the connection")
-            return
-        self.replied_now, out_of_step = False, None
-        try:
-            self.pipeline.feed(inbox[:count])   # the pipeline's Frames copies what it keeps
-        except OutOfStep as error:
-            out_of_step = error
-        if self.replied_now:   # a reply is the proof of health, not a connect; once per read
-            self.client.rcache.record_success(self.client.addr)
-        if out_of_step:
-            run = out_of_step.run
-            oldest = Owing(run.requests[run.answered], run.abandoned) if run else None
-            self.end(str(out_of_step), MessageLost(out_of_step.lost))
-            if out_of_step.reply is not None:   # the reply that proved it is told too
-                self.client._tell("reply", self, out_of_step.reply, oldest)
-
-    def _settled(self, run, replies, first):
-        """The pipeline's report: run's share of this read has come (see Pipeline)."""
-        client = self.client
-        self.pending -= len(replies)
-        self.replied_now = True
-        if run.abandoned:
-            client.discarded += len(replies)
-            self.abandoned -= run.over()
-        elif run.is_ping:
-            self._up("initial ping answered")
-        else:
-            client.replies += len(replies)
-        if not self.pipeline.owed and self.state == "up" and client.idle_timeout >= 0:
-            self.idle_since = client.clock.now()
-            if client.idle_timeout == 0 and not run.is_ping:
-                self.end("idle: closed after the last reply (idle_timeout 0)")
-            else:
-                self.arm()
-        if client.on_event:
-            oldest = Owing(b"".join(run.requests[first:first + len(replies)]), run.abandoned)
-            client._tell("reply", self, b"".join(replies), oldest)
-
-    def _stream_ended(self, problem):
-        """The upstream's EOF: quiet only after a reply, with nothing owed that anyone waits for."""
-        waited_for = sum(run.owing_count() for run in self.pipeline.owed if not run.abandoned)
-        if waited_for:
-            self.end(f"{problem} with {waited_for} call(s) owed", MessageLost(problem))
-        elif not self.pipeline.answered:
-            before = f"{problem} before any reply"
-            self.end(before, CommunicationError(before))
-        else:   # Ocamlnet forgets a timed-out call: its reply, never come, is no error
-            self.end("upstream closed the idle connection")
-
-    # -- the deadlines --
+class Deadlines:
+    """A connection's deadlines (Connection's, by inheritance): the connect's and the initial
+    ping's, each owed run's msg_timeout, the waiting runs', the idle timeout; one timer set
+    for the earliest, and what each does once it has passed."""
 
     def arm(self):
         """Set the timer for the earliest deadline kept, unless the one set fires no later."""
@@ -331,6 +166,204 @@ class Connection:
     def _fail(self, run, error):
         self.pending -= run.owing_count()
         run.fail(error)
+
+
+class Connection(Deadlines):
+    """One connection's life (see the module's map). Its client holds the settings, the
+    counters and the events; the connection changes them through the client's _move(),
+    _tell() and _record_error(), and bumps its counters."""
+
+    def __init__(self, client, deadline):
+        self.client, self.loop = client, client.loop
+        self.state = "connecting"
+        self.sock = None
+        fit = client.late_replies != "forget"   # scaffolding: the forgetful client checks nothing
+        self.pipeline = Pipeline(client.framing, self._settled, check_fit=fit)
+        self.waiting = collections.deque()   # runs placed, not yet queued: connecting, or no room
+        self.connect_deadline = deadline     # the opening run's: the connect and the ping keep it
+        self.ping = None
+        self.connected = self.ended = False
+        self.pending = 0         # requests placed here and not yet settled, abandoned ones included
+        self.abandoned = 0       # runs owed whose callers gave up
+        self.idle_since = None
+        self.replied_now = False   # a reply came in the read being handled
+        self.timer = None
+        self.flushing = False    # listed for this turn's send phase
+        self.inbox = None        # once connected: what each recv_into() fills (see _read())
+        self.watching = 0        # the events the loop watches its socket for (Loop.want())
+        self.paused = False      # not read while a long reply's client has its window full
+        self.drained = None      # what to call once its queue is short again (a long request)
+
+    # -- connecting --
+
+    def open(self):
+        self.sock, failed = start_connect(self.client.addr)
+        if failed:
+            self._connect_failed(failed)
+            return
+        self.loop.want(self, WRITE)   # writable once the connect is over, whatever its outcome
+        self.arm()
+
+    def _connect_failed(self, reason):
+        self.end(f"connect failed: {reason}", CommunicationError(f"cannot connect: {reason}"))
+
+    def _connect_over(self):
+        if failed := self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self._connect_failed(os.strerror(failed))
+            return
+        self.connected = True
+        self.inbox = memoryview(bytearray(READ_SIZE))
+        self.client.count("connects")
+        self.loop.want(self, READ)
+        if self.client.initial_ping:   # nothing else is written before it is answered
+            self.ping = Run([PING], IGNORED, self.connect_deadline, is_ping=True)   # see _settled()
+            self._send(self.ping)
+        else:
+            self._up("connected")
+
+    def _up(self, reason):
+        self.state = "up"
+        self.idle_since = self.client.clock.now()
+        self.client._move("up", reason)
+        self.loop.flush_soon(self)   # the runs that waited go out in this turn's send phase
+        self.arm()
+
+    # -- runs in, bytes out --
+
+    def take(self, run):
+        """A run placed on this connection: queued at once, or after the runs waiting."""
+        self.pending += len(run.requests)
+        if self.state == "up" and not self.waiting and len(self.pipeline.out) < OUT_MAX:
+            self._send(run)
+        else:
+            if self.state == "connecting":
+                self.client.count("waiting")
+            self.waiting.append(run)
+        if run.deadline is not None and (self.timer is None or run.deadline < self.timer.when):
+            self.arm()
+
+    def _send(self, run):
+        self.pending += self.pipeline.queue(run)   # the sync before it (a state) is owed too
+        self.client.sent += len(run.requests)
+        if self.client.on_event:
+            self.client._tell("sent", self, run.data)
+        if not self.flushing:
+            self.loop.flush_soon(self)
+
+    def flush(self):
+        """The turn's one send: what is queued, and the waiting runs there is room for."""
+        self.flushing = False
+        pipeline = self.pipeline
+        while self.waiting and self.state == "up" and len(pipeline.out) < OUT_MAX:
+            self._send(self.waiting.popleft())
+        if self.ended or not self.connected:
+            return
+        if pipeline.out:
+            try:
+                sent = self.sock.send(pipeline.out)
+            except BlockingIOError:
+                sent = 0
+            except OSError as error:
+                reason = reason_of(error)
+                self.end(f"send failed: {reason}", MessageLost(f"send failed: {reason}"))
+                return
+            for run in pipeline.wrote(sent):
+                self.client.written += len(run.requests)
+        if self.drained is not None and len(pipeline.out) < OUT_MAX:
+            drained, self.drained = self.drained, None
+            drained()
+        events = (0 if self.paused else READ) | (WRITE if pipeline.out else 0)
+        if events != self.watching:
+            self.loop.want(self, events)
+
+    def ready(self, events):
+        if not self.connected:
+            self._connect_over()
+        elif events & READ:
+            self._read()
+        if events & WRITE and self.connected and not self.ended:
+            self.loop.flush_soon(self)
+
+    # -- bytes in, replies out --
+
+    def _read(self):
+        """One recv_into() the connection's own buffer: a recv() of READ_SIZE would make (and
+        the allocator map and unmap) a new buffer that large for every read."""
+        inbox = self.inbox
+        try:
+            count = self.sock.recv_into(inbox)
+        except BlockingIOError:
+            return
+        except OSError:   # a reset reads as an EOF
+            count = 0
+        if not count:
+            self._stream_ended("upstream closed the connection")
+            return
+        self.replied_now, out_of_step = False, None
+        try:
+            self.pipeline.feed(inbox[:count])   # the pipeline's Frames copies what it keeps
+        except OutOfStep as error:
+            out_of_step = error
+        if self.replied_now:   # a reply is the proof of health, not a connect; once per read
+            self.client.rcache.record_success(self.client.addr)
+        if (passing_to := self.pipeline.passing_to) is not None and not self.ended and \
+                len(passing_to.out) > WINDOW:   # a long reply: read on once its client has read
+            self.paused = True
+            self.loop.want(self, WRITE if self.pipeline.out else 0)
+            passing_to.drained = self._read_again
+        if out_of_step:
+            run = out_of_step.run
+            oldest = Owing(run.requests[run.answered], run.abandoned) if run else None
+            self.end(str(out_of_step), MessageLost(out_of_step.lost))
+            if out_of_step.reply is not None:   # the reply that proved it is told too
+                self.client._tell("reply", self, out_of_step.reply, oldest)
+
+    def _read_again(self):
+        self.paused = False
+        if not self.ended:
+            self.loop.want(self, READ | (WRITE if self.pipeline.out else 0))
+
+    def extend(self, run, piece):
+        """More of run's one long request (a connection of a client's own carries it alone)."""
+        if run in self.waiting:   # not queued yet: it goes with the rest, once it is
+            run.data += piece
+        else:
+            self.pipeline.extend(run, piece)
+        if not self.flushing:
+            self.loop.flush_soon(self)
+
+    def _settled(self, run, replies, first):
+        """The pipeline's report: run's share of this read has come (see Pipeline)."""
+        client = self.client
+        self.pending -= len(replies)
+        self.replied_now = True
+        if run.abandoned:
+            client.discarded += len(replies)
+            self.abandoned -= run.over()
+        elif run.is_ping:
+            self._up("initial ping answered")
+        else:
+            client.replies += len(replies)
+        if not self.pipeline.owed and self.state == "up" and client.idle_timeout >= 0:
+            self.idle_since = client.clock.now()
+            if client.idle_timeout == 0 and not run.is_ping:
+                self.end("idle: closed after the last reply (idle_timeout 0)")
+            else:
+                self.arm()
+        if client.on_event:
+            oldest = Owing(b"".join(run.requests[first:first + len(replies)]), run.abandoned)
+            client._tell("reply", self, b"".join(replies), oldest)
+
+    def _stream_ended(self, problem):
+        """The upstream's EOF: quiet only after a reply, with nothing owed that anyone waits for."""
+        waited_for = sum(run.owing_count() for run in self.pipeline.owed if not run.abandoned)
+        if waited_for:
+            self.end(f"{problem} with {waited_for} call(s) owed", MessageLost(problem))
+        elif not self.pipeline.answered:
+            before = f"{problem} before any reply"
+            self.end(before, CommunicationError(before))
+        else:   # Ocamlnet forgets a timed-out call: its reply, never come, is no error
+            self.end("upstream closed the idle connection")
 
     # -- the end --
 

@@ -20,7 +20,7 @@ from part2.calls import (Call, ClusterServiceUnavailable, CommunicationError, Ma
 from part2.client import ManagedClient
 from part2.clock import check_seconds
 from part2.loop import Counted, Loop
-from part2.pipeline import hand_out
+from part2.pipeline import OutOfStep, hand_out
 from tcp_proxy import LINES
 
 
@@ -61,10 +61,12 @@ class Attempts:
     """One call's attempts through a set. The sink of each attempt's run; itself a run to
     its own sink (a thread's Call, a proxy client's Entry), which hears every reply in
     order and, if the attempts give up, the last error."""
-    __slots__ = ("owner", "requests", "sink", "retried", "number", "tried", "index", "answered")
+    __slots__ = ("owner", "requests", "sink", "retried", "number", "tried", "index", "answered",
+                 "state")
 
     def __init__(self, owner, requests, sink, retried, number=0, index=None, answered=0):
         self.owner = owner     # the ManagedSet
+        self.state = getattr(sink, "state", None)   # what their connection must carry first
         self.requests, self.sink, self.retried = requests, sink, retried
         self.number = number   # attempts made (a batch's entry: its batch made the first)
         self.tried = ()        # services the attempts that failed were sent to (then a set)
@@ -77,6 +79,12 @@ class Attempts:
         if self.answered == len(self.requests) and self.owner.on_event:
             self.owner._note("attempt", self.number, self.index, "ok")
 
+    def passing(self, run, piece):
+        if not hasattr(self.sink, "passing"):   # a thread's call takes its reply whole
+            raise OutOfStep(f"upstream out of step: a reply longer than "
+                            f"{self.owner.framing.max_reply} bytes")
+        return self.sink.passing(self, piece)
+
     def failed(self, run, error):
         self.owner._attempt_failed(self, error)
 
@@ -87,10 +95,12 @@ class Batch:
     their clients in one loop (pipeline.hand_out()). If the run fails, each entry it leaves
     owed goes on alone, as Attempts whose first attempt failed: retried or failed as if it
     had been placed alone, in its client's order."""
-    __slots__ = ("owner", "index", "retried", "entries", "owners", "requests", "answered")
+    __slots__ = ("owner", "index", "retried", "entries", "owners", "requests", "answered",
+                 "state")
 
-    def __init__(self, owner, index, retried):
+    def __init__(self, owner, index, retried, state=None):
         self.owner, self.index, self.retried = owner, index, retried
+        self.state = state   # every entry's: a client whose state differs starts a new batch
         self.entries = []    # in the order the turn read them
         self.owners = []     # per request, the entry it is for
         self.requests = []
@@ -103,7 +113,7 @@ class Batch:
 
     def run(self, deadline):
         data = b"".join([entry.data for entry in self.entries])   # each entry's bytes as they came
-        return Run(self.requests, self, deadline, data=data)
+        return Run(self.requests, self, deadline, data=data, state=self.state)
 
     def replied(self, run, replies):
         first = self.answered
@@ -114,6 +124,9 @@ class Batch:
             for entry in dict.fromkeys(owners):
                 if not entry.left:
                     self.owner._note("attempt", 1, self.index, "ok")
+
+    def passing(self, run, piece):
+        return self.owners[self.answered].passing(run, piece)
 
     def failed(self, run, error):
         for entry in self.entries:
@@ -263,9 +276,12 @@ class ManagedSet(Counted):
         """On the loop, once a turn's reads are over: the first attempts of the entries they
         made (proxy clients' requests), one run per client picked (a Batch), so a turn pays
         one pick, run and placing per connection, not per entry. With a choice of clients,
-        each entry is picked for, what this turn picked counting as pending."""
+        each entry is picked for, what this turn picked counting as pending. Entries that need
+        another state of their connection (a proxy client's database) make a run of their own,
+        after the entries before them: the connection's pipeline syncs it first."""
         self.attempts += len(entries)
-        batches = {}   # client -> its Batch, in the order first picked
+        batches = {}   # client -> its last Batch
+        placing = []   # (client, batch), in the order made: the order they are placed
         batch = None
         for entry in entries:
             if batch is None or self.lone is None:   # one connection, no choice: one pick a turn
@@ -275,11 +291,12 @@ class ManagedSet(Counted):
                     self._attempt_failed(Attempts(self, entry.requests, entry, retried, 1), error)
                     continue
                 batch = batches.get(client)
-                if batch is None:
-                    batch = batches[client] = Batch(self, index, retried)
+            if batch is None or batch.state != entry.state:   # its connection synced before it
+                batch = batches[client] = Batch(self, index, retried, entry.state)
+                placing.append((client, batch))
             batch.add(entry)
             client.picked += entry.left
-        for client, batch in batches.items():
+        for client, batch in placing:
             client.picked = 0
             client.place(batch.run(client.deadline()))
 
@@ -293,7 +310,7 @@ class ManagedSet(Counted):
             self._attempt_failed(attempts, error)
             return
         requests = attempts.requests[attempts.answered:] if attempts.answered else attempts.requests
-        client.place(Run(requests, attempts, client.deadline()))
+        client.place(Run(requests, attempts, client.deadline(), state=attempts.state))
 
     def _attempt_failed(self, attempts, error):
         if not isinstance(error, attempts.retried):

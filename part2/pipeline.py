@@ -19,7 +19,10 @@ protocol carries no request ids, so order is the only thing that matches them.
 """
 import collections
 
-from tcp_proxy import Frames
+from part2.calls import Run
+from tcp_proxy import Frames, Head, Passed
+
+POOLED, HELD, OWN = "pooled", "held", "own"   # how a session's request is lent a connection
 
 
 class OutOfStep(Exception):
@@ -33,19 +36,60 @@ class OutOfStep(Exception):
         self.reply, self.run = reply, run
 
 
+class StateRefused(OutOfStep):
+    """A reply to the pipeline's own sync says the connection did not take the state."""
+
+
+class NotYet(Exception):
+    """What a session raises when its answer needs what the pool is still learning (Redis:
+    the server's version for HELLO): then(resume) is called once it has been learned."""
+
+    def __init__(self, waiters):
+        super().__init__("not learned yet")
+        self.waiters = waiters
+
+    def then(self, resume):
+        if resume not in self.waiters:
+            self.waiters.append(resume)
+
+
+class SyncCheck:
+    """The sink of the requests a pipeline queues to bring its connection to a client's
+    state (framing.sync()): each reply checked by framing.synced(); a wrong one is out of
+    step (every call owed on the connection gets an error), and no client ever sees them."""
+
+    def __init__(self, framing):
+        self.framing = framing
+
+    def replied(self, run, replies):
+        first = run.answered - len(replies)
+        for request, reply in zip(run.requests[first:], replies):
+            if reason := self.framing.synced(request, reply):
+                raise StateRefused(f"the connection could not take a client's state: {reason}")
+
+    def failed(self, run, error):
+        """Its requests are the pool's own: no one waits for them."""
+
+
 class Pipeline:
     """The owed replies of one upstream connection, kept as runs, oldest first.
 
     settled(run, replies, first) is called after each run's share of a read: replies
     answered run.requests[first:first + len(replies)] (the run's sink has been told,
     unless the run was abandoned: then they were thrown away). check_fit=False trusts
-    every reply (scaffolding: the forgetful client of the demo's first scenario)."""
+    every reply (scaffolding: the forgetful client of the demo's first scenario).
+
+    With a framing whose connections carry a client's state (one with sync(): Redis's
+    protocol and database), the pipeline keeps the state its queue leaves the connection
+    in (`carries`); a run whose state differs goes after the framing's sync requests, a
+    run of the pipeline's own (SyncCheck). So clients of many states share one connection,
+    each request carried out in its own client's state."""
 
     def __init__(self, framing, settled, check_fit=True):
         self.framing = framing
         self.settled = settled
         self.check_fit = check_fit
-        self.frames = Frames(framing.reply_parser)   # the reply being read keeps its place
+        self.frames = passing_frames(framing, framing.reply_parser)   # a reply keeps its place
         self.owed = collections.deque()         # runs written (or being written), oldest first
         self.out = bytearray()                   # requests queued and not yet written
         self.unwritten = collections.deque()   # (end, run): runs whose last byte is not written
@@ -53,13 +97,29 @@ class Pipeline:
         self.written = 0       # bytes ever written
         self.answered = False  # a reply has come: from now on an EOF may be quiet
         self.lost = False      # lose() was called: nothing more is delivered
+        self.syncs = hasattr(framing, "sync")   # its connections carry a client's state
+        self.carries = None    # the state the end of the queue leaves (None: just opened)
+        self.passing_to = None   # whose out a long reply's pieces go to, while one passes
 
     def queue(self, run):
-        """A run's requests go out after every request queued before them."""
+        """A run's requests go out after every request queued before them (and the sync its
+        state needs); return how many requests of the pipeline's own went before it."""
+        synced = 0
+        if self.syncs and (self.carries is None or run.state and run.state != self.carries):
+            synced = self._sync(run)
         self.out += run.data
         self.queued += len(run.data)
         self.owed.append(run)
         self.unwritten.append((self.queued, run))
+        return synced
+
+    def _sync(self, run):
+        wanted = run.state or self.framing.fresh_state   # a run that asks nothing: as opened
+        requests = self.framing.sync(self.carries, wanted)
+        self.carries = wanted
+        if requests:
+            self.queue(Run(requests, SyncCheck(self.framing), run.deadline))
+        return len(requests)
 
     def wrote(self, count):
         """count bytes of out have been written; return the runs now written whole."""
@@ -74,11 +134,15 @@ class Pipeline:
         return not any(pending is run for _, pending in self.unwritten)
 
     def feed(self, data):
-        """The upstream's bytes: every whole reply in them settles the oldest request owed."""
+        """The upstream's bytes: every whole reply in them settles the oldest request owed; a
+        reply longer than the framing keeps is passed to its sink piece by piece (passing()),
+        its Head judged first, and settles its request at its end (a Passed, no bytes)."""
         frames, owed = self.frames, self.owed
         fits = self.framing.fits if self.check_fit else None
         frames.feed(data)
         taken, error = frames.take_all()
+        if frames.pieces:   # a long reply's last pieces, taken from the bytes but not given
+            taken += pieces_left(frames)
         run, replies, first = None, [], 0
         try:
             for reply in taken:
@@ -89,6 +153,14 @@ class Pipeline:
                         raise OutOfStep("a reply no call was waiting for", "unexpected reply",
                                         reply)
                     run, first = owed[0], owed[0].answered
+                if type(reply) is not bytes:   # a long reply's piece, or its end
+                    if not isinstance(reply, Passed):
+                        if replies:   # the run's replies before it go first
+                            self._settle(run, replies, first)
+                            replies, first = [], run.answered
+                        self._pass(run, reply, fits)
+                        continue
+                    self.passing_to = None   # its end settles its request as a reply does
                 if fits and not fits(run.requests[run.answered], reply, framed=True):
                     raise OutOfStep("a reply that does not fit its request",
                                     "upstream out of step: a reply did not fit its request",
@@ -102,6 +174,9 @@ class Pipeline:
                         run.sink.replied(run, replies)
                     self.settled(run, replies, first)
                     run, replies = None, []
+        except StateRefused:   # told already: nothing of its run is settled again
+            replies = []
+            raise
         finally:
             if replies:   # the run's share so far, told before whatever ends the read
                 self._settle(run, replies, first)
@@ -111,6 +186,22 @@ class Pipeline:
         if len(frames.unread) > self.framing.max_reply and not self.lost:
             raise OutOfStep(f"upstream out of step: a reply longer than "
                             f"{self.framing.max_reply} bytes")
+
+    def _pass(self, run, piece, fits):
+        """A piece of a long reply to run's sink (its Head judged first); the sink says whose
+        out it went to, so the connection can stop reading while that one is full."""
+        passing = getattr(run.sink, "passing", None)
+        if isinstance(piece, Head):
+            request = run.requests[run.answered]
+            if fits and not fits(request, piece, framed=True):
+                raise OutOfStep("a long reply that does not fit its request",
+                                "upstream out of step: a long reply did not fit its request",
+                                None, run)
+            if passing is None and not run.abandoned:   # a thread's call takes replies whole
+                raise OutOfStep(f"upstream out of step: a reply longer than "
+                                f"{self.framing.max_reply} bytes")
+        if not run.abandoned:
+            self.passing_to = passing(run, piece)
 
     def _settle(self, run, replies, first):
         if not run.abandoned:
@@ -125,12 +216,39 @@ class Pipeline:
         """The connection is lost: every request still owed gets error, oldest first; return
         how many that was (abandoned ones included, whose callers already have theirs)."""
         self.lost = True
+        if self.passing_to is not None:   # half a reply cannot be taken back: its client's ends
+            self.passing_to.cut()
         owed, self.owed = self.owed, collections.deque()
         lost = 0
         for run in owed:
             lost += run.owing_count()
             run.fail(error)
         return lost
+
+    def extend(self, run, piece):
+        """More bytes of run's one long request, the last run queued, as they come."""
+        self.out += piece
+        self.queued += len(piece)
+        if self.unwritten and self.unwritten[-1][1] is run:
+            self.unwritten[-1] = (self.queued, run)
+        else:
+            self.unwritten.append((self.queued, run))
+
+
+def passing_frames(framing, new_parser):
+    """Frames for a framing's messages: one that can pass a long message on in pieces
+    (RESP's parsers, passing=True) does; any other keeps each message whole."""
+    if getattr(framing, "passes_long", False):
+        return Frames(lambda: new_parser(passing=True))
+    return Frames(new_parser)
+
+
+def pieces_left(frames):
+    """The pieces of a long message Frames.take_all() left behind: it stops once the bytes
+    are all read, with a message's last pieces taken from them but not given."""
+    pieces = list(frames.pieces)
+    frames.pieces.clear()
+    return pieces
 
 
 class Entry:
@@ -139,10 +257,11 @@ class Entry:
     one of a batch's, see hand_out()): a reply to the oldest entry waiting goes to the
     stream's bytes at once; one to a later entry is parked until the entries before it
     are written."""
-    __slots__ = ("stream", "requests", "data", "left", "parked")
+    __slots__ = ("stream", "requests", "data", "left", "parked", "state")
 
     def __init__(self, stream, requests, answer=None, data=None):
         self.stream = stream
+        self.state = stream.session.state   # its client's, as of its place in the client's order
         self.requests = requests       # what goes upstream ([] for an answer of the pool's)
         self.data = b"".join(requests) if data is None else data   # the same, end to end
         self.left = len(requests)      # requests still owed a reply or an error
@@ -152,6 +271,19 @@ class Entry:
 
     def replied(self, run, replies):
         hand_out([self] * len(replies), replies)
+
+    def passing(self, run, piece):
+        """A piece of a long reply: to the client's bytes, or parked behind the entries before
+        it; return the stream it is for."""
+        stream = self.stream
+        if self is stream.waiting[0]:
+            idle = not stream.out
+            stream.out += piece
+            if idle:
+                stream.writable()
+        else:
+            self.parked.append(bytes(piece))
+        return stream
 
     def failed(self, run, error):
         stream = self.stream
@@ -189,6 +321,8 @@ def hand_out(entries, replies):
             stream.waiting.popleft()
             if stream.waiting:
                 stream.advance()
+            elif stream.deferred is not None:   # admission waited for every reply: it goes on
+                stream.idle()
 
 
 class ClientStream:
@@ -198,43 +332,154 @@ class ClientStream:
     bytes to write to the client, each reply after the replies to every request before
     it, whichever connection brought it. A request the framing cannot read ends the
     stream: the client is told why after its earlier replies, and nothing after it is
-    read. counts is told answered (replies from upstream) and failed (errors made)."""
+    read. counts is told answered (replies from upstream) and failed (errors made).
 
-    def __init__(self, framing, counts):
+    Given its pool, the framing's session keeps the client's state: each entry records the
+    state its requests need (a pipeline syncs its connection to it). A request the session
+    lends a connection of the client's own (session.lease: a transaction's, a wait's, a
+    stream's) waits until every request before it is answered, then goes by lend() (a
+    subclass's); the requests after it wait (`deferred`, not yet admitted) until its reply
+    is in, so the session judges each after the one before it, as in FramedProxy. So does
+    a request whose answer needs what the pool is still learning (NotYet)."""
+
+    def __init__(self, framing, counts, pool=None):
         self.framing = framing
         self.counts = counts
-        self.frames = Frames(framing.request_parser)
-        self.session = framing.session()   # what the pool answers itself, before any upstream
+        self.frames = passing_frames(framing, framing.request_parser)
+        self.session = framing.session(pool)   # what the pool answers itself, before any upstream
+        if not hasattr(self.session, "lease"):   # one that keeps nothing (the toy protocol's)
+            self.session.lease, self.session.state, self.session.quitting = POOLED, None, False
         self.waiting = collections.deque()   # entries not yet written whole, in the client's order
         self.out = bytearray()     # bytes for the client
         self.owed = 0              # requests sent upstream and not yet answered
         self.ended = False         # a request could not be framed: nothing more is read
+        self.deferred = None       # requests read and not yet admitted (None: admitting)
+        self.deferred_error = None   # the framing's error after them
+        self.lent = None           # a request waiting to go on a connection of the client's own
+        self.sending = False       # a long request lent is going on, piece by piece (pass_on())
+        self.skipping = False      # a long request refused: its pieces are read and dropped
+        self.drained = None        # what to call once out is short again (a long reply waits)
 
-    def feed(self, data):
+    def feed(self, data, held=None):
         """The client's bytes; return the entries to send upstream, in order. Bytes that are
-        whole requests, every one sent on, are the entry's bytes as they came."""
-        if self.ended:
-            return []
-        frames, admit = self.frames, self.session.admit
-        plain = not frames.unread   # no request begun before: its bytes may be all requests
-        frames.feed(data)
-        taken, error = frames.take_all()
+        whole requests, every one sent on, are the entry's bytes as they came. Each request
+        the session admits is sent on, answered by the pool, or lent a connection of the
+        client's own. held: (requests, error) read before, admitted now (resume())."""
+        if held is None:
+            if self.ended:
+                return []
+            frames = self.frames
+            plain = not frames.unread   # no request begun before: its bytes may be all requests
+            frames.feed(data)
+            taken, error = frames.take_all()
+            if frames.pieces:   # a long request's last pieces, taken from the bytes but not given
+                taken += pieces_left(frames)
+            if self.deferred is not None:   # admission waits: these wait behind the rest
+                self.deferred += taken
+                self.deferred_error = self.deferred_error or error
+                if self.sending:
+                    self._send_pieces()
+                return []
+            whole = bytes(data) if plain and not frames.unread else None
+        else:
+            (taken, error), whole = held, None
+        session = self.session
+        admit = session.admit
         entries, requests = [], []
-        for request in taken:
-            answer = admit(request)
+        rest = iter(taken)
+        for request in rest:
+            long = type(request) is not bytes   # a long request's Head, a piece, its end
+            if long and not isinstance(request, Head):   # of one refused: read, dropped
+                self.skipping = self.skipping and not isinstance(request, Passed)
+                continue
+            try:
+                answer = admit(request)
+            except NotYet as not_yet:   # the pool is learning what the answer needs
+                not_yet.then(self.idle)
+                return self._defer(entries, requests, [request, *rest], error, at_once=False)
             if answer is None:
-                requests.append(request)
-            else:
-                plain = False
-                requests = self._answer(entries, requests, answer)
+                if session.lease == POOLED and not long:
+                    requests.append(request)
+                    continue
+                self.lent = request   # after every reply before it: on one of its own
+                return self._defer(entries, requests, list(rest), error)
+            whole = None
+            self.skipping = isinstance(request, Head)   # refused: the rest of it is dropped
+            requests = self._answer(entries, requests, answer)
+            self.answered()
         if error is not None:   # the framing's: nothing after it can be framed
             self.ended = True
             self._answer(entries, requests, self.framing.error(str(error)))
             return entries
         if requests:   # owed replies: nothing to write yet
-            whole = plain and not frames.unread
-            entries.append(Entry(self, requests, data=bytes(data) if whole else None))
+            entries.append(Entry(self, requests, data=whole))
+        if session.quitting:   # QUIT: nothing after it is read
+            self.ended = True
         return entries
+
+    def _defer(self, entries, requests, rest, error, at_once=True):
+        if requests:
+            entries.append(Entry(self, requests))
+        self.deferred, self.deferred_error = rest, error
+        if at_once and not self.waiting:   # nothing before it owed: it goes on now
+            self.idle()
+        return entries
+
+    def idle(self):
+        """Every request admitted has been answered (or what admission waited for is in):
+        a subclass resumes() soon, not inside the hand-out that said so."""
+
+    def resume(self):
+        """Admission goes on: the request lent first (lend()), then the deferred ones,
+        admitted in order; return the entries they made for upstream."""
+        if self.waiting or self.deferred is None or self.busy():
+            return []
+        if self.lent is not None:
+            request, self.lent = self.lent, None
+            sent = self.lend(request)
+            if isinstance(request, Head):   # its pieces follow it, or are dropped
+                self.sending, self.skipping = sent, not sent
+                self._send_pieces()
+            return []
+        held = self.deferred, self.deferred_error
+        self.deferred = self.deferred_error = None
+        return self.feed(b"", held)
+
+    def _send_pieces(self):
+        """The pieces of the long request lent, read so far: on to its connection (pass_on());
+        a refused one's, dropped."""
+        deferred, taken = self.deferred, 0
+        for piece in deferred:
+            if type(piece) is bytes or isinstance(piece, Head):
+                break
+            taken += 1
+            if self.sending:
+                self.pass_on(piece)
+            if isinstance(piece, Passed):   # its end: what comes next is a request
+                self.sending = self.skipping = False
+                break
+        del deferred[:taken]
+
+    def lend(self, request):
+        """A subclass sends request on a connection of the client's own, as session.lease
+        says, and returns True; once its reply is in, idle(). Without one, it is refused."""
+        self._answer([], [], self.framing.error("tcp-proxy: no connection of its own here"))
+        self.idle()
+        return False
+
+    def pass_on(self, piece):
+        """A piece of the long request lent (a subclass sends it after the request's Head)."""
+
+    def cut(self):
+        """Half a long reply reached the client and the rest never will: its connection ends."""
+        self.ended = True
+
+    def busy(self):
+        """A connection of the client's own still owes it something (a subclass's)."""
+        return False
+
+    def answered(self):
+        """The pool has answered a request itself (a subclass ends what the answer ended)."""
 
     def _answer(self, entries, requests, answer):
         """The pool's own answer, after the requests before it; return a fresh run."""
@@ -258,6 +503,8 @@ class ClientStream:
             if head.left:
                 return
             waiting.popleft()
+        if self.deferred is not None:
+            self.idle()
 
     def writable(self):
         """Bytes were added to out: a subclass with a socket arranges their send. Bytes added
@@ -265,4 +512,4 @@ class ClientStream:
 
     def done(self):
         """Nothing more to write: every entry answered and its bytes taken."""
-        return not self.waiting and not self.out
+        return not self.waiting and not self.out and self.deferred is None

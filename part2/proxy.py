@@ -13,15 +13,23 @@ pool's own answer) -> an entry per client per turn, gathered -> once the reads a
 ManagedSet.place_batch(): one pick, one run per connection for every client's entries,
 the connection's queue -> one send upstream in the turn's send phase -> the replies,
 read, fit-checked, handed to each client in its own order -> one send per client.
+
+With a framing whose sessions keep state (RESP), each entry carries its client's state and
+the connection's pipeline syncs to it before the entry's run (HELLO, SELECT: pipeline.py);
+a transaction, a wait, a stream or a long request goes on a connection of the client's own
+(part2/lease.py), its later requests admitted once its reply is in.
 """
 import contextlib
 import socket
 
+from part2.calls import ManagedError
 from part2.clock import check_seconds
+from part2.lease import ManagedLending, OwnLink, StreamLink
 from part2.loop import READ, WRITE, Counted, Loop, start_thread
 from part2.managed_set import ManagedSet, check_services
-from part2.pipeline import ClientStream
-from tcp_proxy import LINES, LISTEN_BACKLOG, host_and_port
+from part2.connection import OUT_MAX as UPSTREAM_QUEUED, WINDOW
+from part2.pipeline import HELD, ClientStream, Entry
+from tcp_proxy import LINES, LISTEN_BACKLOG, Head, host_and_port
 
 ACCEPTS_PER_TURN = 64     # connections accepted in one turn; the rest wait for the next
 ACCEPT_BACKOFF = 0.05     # seconds the listener rests after accept() fails (out of descriptors)
@@ -29,6 +37,7 @@ CLIENT_READ = 64 * 1024   # bytes asked of one recv() from a client
 OWED_MAX = 1024           # a client's requests in flight before it is read no more
 OUT_HIGH = 1 << 20        # bytes of replies waiting for a client before it is read no more
 OUT_MAX = 64 << 20        # bytes of replies a client that never reads may leave: then it is dropped
+DEFERRED_MAX = 64         # a client's requests read and not yet admitted before it is read no more
 
 
 class ManagedProxy(Counted, contextlib.AbstractContextManager):
@@ -57,6 +66,7 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
         check_seconds("msg_timeout", msg_timeout)
         super().__init__(Loop(set_options.get("clock")))
         self.framing = framing
+        self.msg_timeout = msg_timeout
         self.retried = ManagedSet.RETRIED_BY_CALL   # what a request is retried after
         if idempotent:
             self.retried = ManagedSet.RETRIED_BY_IDEMPOTENT_CALL
@@ -67,6 +77,7 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
             self.managed_set = ManagedSet(services, framing=framing, msg_timeout=msg_timeout,
                                           msg_timeout_is_fatal=msg_timeout_is_fatal,
                                           loop=self.loop, **set_options)
+            self.lending = ManagedLending(self)
             addr = self.listen_addr or ("127.0.0.1", 0)
             family = socket.getaddrinfo(*host_and_port(addr), type=socket.SOCK_STREAM)[0][0]
             self._listener = socket.create_server(addr, family=family, backlog=LISTEN_BACKLOG)
@@ -109,6 +120,10 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
         entries, self.gathered = self.gathered, []
         self.managed_set.place_batch(entries, self.retried)
 
+    def _place(self, entries):
+        """Entries made after the reads (a client's admission resumed): placed at once."""
+        self.managed_set.place_batch(entries, self.retried)
+
     def _listen_again(self):
         if not self.closed:
             self.loop.watch(self._listener, READ, self._accept)
@@ -138,10 +153,12 @@ class ProxyClient(ClientStream):
     """One client connection on the loop: read while its replies keep up, written once per turn.
 
     After its EOF (or a request that could not be framed) it is closed once every reply
-    it is owed has been written; a client that has gone has its replies read and dropped."""
+    it is owed has been written; a client that has gone has its replies read and dropped.
+    What its session lends it (a transaction, a wait, a stream) goes on a connection of
+    its own (part2/lease.py), closed once that is over or the client goes."""
 
     def __init__(self, proxy, sock):
-        super().__init__(proxy.framing, proxy)
+        super().__init__(proxy.framing, proxy, proxy)
         self.proxy, self.loop, self.sock = proxy, proxy.loop, sock
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -150,6 +167,12 @@ class ProxyClient(ClientStream):
         self.gone = False
         self.flushing = False
         self.watching = 0
+        self.resuming = False    # a resume is listed for the turn's placing
+        self.held = None         # the OwnLink of its transaction
+        self.waiting_on = None   # the OwnLink of its wait
+        self.link = None         # the StreamLink of its stream
+        self.carrying = None     # the OwnLink its long request goes on, piece by piece
+        self.upstream_full = False   # that link has its window of the request queued
         self.loop.want(self, READ)
 
     def ready(self, events):
@@ -166,9 +189,12 @@ class ProxyClient(ClientStream):
             data = b""
         if not data:
             self.eof = True
+            if self.waiting_on is not None:   # it left while its command waits: that ends
+                self.waiting_on.close()
         elif entries := self.feed(data):
             self.proxy.gather(entries)
-        if self.out or self.eof or self.ended or self.owed >= OWED_MAX:   # else its replies will
+        if self.out or self.eof or self.ended or self.owed >= OWED_MAX or \
+                self.deferred is not None:   # else its replies will
             self.loop.flush_soon(self)   # the send phase writes, stops reading it, or closes it
 
     def writable(self):
@@ -195,14 +221,120 @@ class ProxyClient(ClientStream):
                 self.proxy.count("dropped")
                 self.close()
                 return
+            if self.drained is not None and len(self.out) < WINDOW:   # a long reply reads on
+                drained, self.drained = self.drained, None
+                drained()
         if (self.eof or self.ended) and self.done():
             self.close()
             return
         keeping_up = self.owed < OWED_MAX and len(self.out) < OUT_HIGH   # else: back-pressure
+        if self.deferred is not None:
+            keeping_up = keeping_up and len(self.deferred) < DEFERRED_MAX and \
+                not self.upstream_full
+            if self.link is not None and not self.link.watching & READ:
+                self.loop.flush_soon(self.link)   # the stream may read again, if it waited
         self.reading = keeping_up and not (self.eof or self.ended)
         events = (READ if self.reading else 0) | (WRITE if self.out else 0)
         if events != self.watching:   # the common case, unchanged, costs not even a call
             self.loop.want(self, events)
+
+    # -- what its session lends it (ClientStream's hooks)
+
+    def idle(self):
+        if not self.resuming and not self.gone:
+            self.resuming = True
+            self.loop.after_reads(self._resume)
+
+    def _resume(self):
+        self.resuming = False
+        if self.gone:
+            return
+        if entries := self.resume():
+            self.proxy._place(entries)
+        self.loop.flush_soon(self)
+
+    def busy(self):
+        return self.link is not None and self.link.barriers > 0
+
+    def lend(self, request):
+        session = self.session
+        try:
+            if session.streams:
+                if self.link is None:
+                    self.link = StreamLink(self.proxy, self, WINDOW)
+                self.link.send(request, session.settles)
+                if not session.settles:   # no barrier to wait for (MONITOR): admission goes on
+                    self.idle()
+                return True
+            if session.lease == HELD:
+                link = self.held = self.held or OwnLink(self.proxy, self)
+            else:   # a wait, or a long request: on one of its own, closed after its reply
+                link = self.waiting_on = OwnLink(self.proxy, self)
+            if isinstance(request, Head):
+                self.carrying = link
+            link.send(self, Entry(self, [request]), session.wait)
+            return True
+        except ManagedError as error:   # no connection of its own to be had: nothing is sent
+            if session.streams:
+                session.lost()
+            self._answer([], [], self.framing.error(f"tcp-proxy: {error}"))
+            self.idle()
+            return False
+
+    def pass_on(self, piece):
+        link = self.carrying
+        if link.extend(piece) >= UPSTREAM_QUEUED:   # its window is queued: read on once written
+            self.upstream_full = True
+            link.when_drained(self._upstream_drained)
+        if not piece:   # the end (a Passed marker, no bytes of its own)
+            self.carrying = None
+
+    def _upstream_drained(self):
+        self.upstream_full = False
+        if not self.gone:
+            self.loop.flush_soon(self)
+
+    def cut(self):
+        self.close()
+
+    def own_replied(self, link):
+        if link is self.held and not self.session.holds:   # the transaction is over
+            self._let_go(link)
+        elif link is self.waiting_on:
+            self._let_go(link)
+
+    def own_failed(self, link):
+        self._let_go(link)
+        self.idle()
+
+    def _let_go(self, link):
+        link.close()
+        if link is self.held:
+            self.held = None
+        if link is self.waiting_on:
+            self.waiting_on = None
+
+    def answered(self):
+        if self.link is not None and not self.session.streams:   # RESET, QUIT: the stream ends
+            self._end_stream()
+        if self.held is not None and not self.session.holds:   # an EXECABORT, RESET, QUIT the
+            self._let_go(self.held)   # pool answered: its transaction's connection is never lent
+
+    def stream_settled(self, link):
+        if not self.session.streams:   # the last unsubscribe: the stream is over
+            self._end_stream()
+        self.idle()
+
+    def stream_lost(self, link, message):
+        self.link = None
+        self.out += message
+        self.ended = True   # the subscriber is told by its connection's end
+        self.deferred = None
+        self.loop.flush_soon(self)
+
+    def _end_stream(self):
+        link, self.link = self.link, None
+        link.close()
 
     def close(self):
         if not self.gone:
@@ -210,3 +342,9 @@ class ProxyClient(ClientStream):
             self.out.clear()
             self.loop.forget(self.sock)
             self.proxy.clients.discard(self)
+            for link in (self.held, self.waiting_on, self.link):
+                if link is not None:
+                    link.close()
+            if self.drained is not None:   # a long reply to it: its connection reads on
+                drained, self.drained = self.drained, None
+                drained()

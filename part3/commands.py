@@ -20,10 +20,10 @@ A kind marked policy=True (MONITOR's) is refused by default too, and once allowe
 has its own action, not FORWARD's.
 
 What a pool does for REPLAY, ANSWER, PIN and DEDICATE is its session's (resp.RedisSession):
-a pool that keeps state for its clients (FramedProxy) replays SELECT, answers the session's
-commands itself, pins a transaction's connection and dedicates one to a wait or a stream;
-one that does not (ManagedProxy, for now) refuses each, naming its rule, and a refused
-MULTI refuses its transaction whole. The table reads them as redis-server does:
+a pool that keeps state for its clients (FramedProxy, ManagedProxy) replays SELECT, answers
+the session's commands itself, pins a transaction's connection and dedicates one to a wait or
+a stream; a session given no pool refuses each, naming its rule, and a refused MULTI refuses
+its transaction whole. The table reads them as redis-server does:
 lookup() finds a subcommand only under its container, as redis-server's command lookup
 does, and kind_of() reads the arguments that change a command's kind (XREAD's and
 XREADGROUP's BLOCK, wherever redis-server's own parse of their options finds it).
@@ -67,6 +67,9 @@ KINDS = {
     "server": Kind("one", "acts on the whole server: all its keys, its settings, its life or its "
                           "other clients", POLICY),
     "replication": Kind("none, or a stream", "makes the connection a replica's link", NEVER),
+    "credentials": Kind("one", "changes the password every connection must give the server, "
+                               "which is the pool's to say (AUTH belongs to the pool): the pool "
+                               "could open no connection after it", NEVER),
     "silences": Kind("none", "switches the connection's replies off, so no reply ends a loan",
                      NEVER),
     "debugger": Kind("a debugger's stream", "makes the connection a script debugger's session",
@@ -501,9 +504,15 @@ def xread_block(items):
 
 
 # The commands whose arguments can change their kind: (the test, the kind, the option's name).
+def sets_requirepass(items):
+    """True if CONFIG SET names requirepass among its parameters (each a name, then a value)."""
+    return any(name.lower() == b"requirepass" for name in items[2::2])
+
+
 BY_ARGUMENTS = {
     b"XREAD": (xread_blocks, "blocks", b"BLOCK"),
     b"XREADGROUP": (xread_blocks, "blocks", b"BLOCK"),
+    b"CONFIG SET": (sets_requirepass, "credentials", b"requirepass"),
 }
 
 

@@ -37,9 +37,9 @@ import threading
 import time
 import weakref
 
+from part2.pipeline import OWN
 from tcp_proxy import Frames, Head, OutOfStep, Passed, recv, shutdown
 
-POOLED, HELD, OWN = "pooled", "held", "own"   # how a session's request is lent a connection
 HANG_UP = getattr(select, "POLLRDHUP", 0)   # poll()'s "the peer has stopped sending" (Linux)
 LENDERS = weakref.WeakKeyDictionary()   # pool -> its Lending
 MADE = threading.Lock()   # held while a pool's Lending is made
@@ -48,8 +48,8 @@ MADE = threading.Lock()   # held while a pool's Lending is made
 def lender_of(pool):
     """The pool's Lending, made the first time a session asks."""
     with MADE:
-        if pool not in LENDERS:
-            LENDERS[pool] = Lending(pool)
+        if pool not in LENDERS:   # a pool with a lending of its own (ManagedProxy) has it made
+            LENDERS[pool] = getattr(pool, "lending", None) or Lending(pool)
         return LENDERS[pool]
 
 

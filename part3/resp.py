@@ -40,6 +40,8 @@ Map of the module:
                             (HELLO, AUTH, SELECT, CLIENT SETNAME...), the state sync() brings
                             a connection to, a transaction pinned, a wait or a stream given a
                             connection of its own; without one, all of that refused
+    PoolAnswers             what a session answers itself (HELLO, AUTH, SELECT, CLIENT ...),
+                            as redis-server answers each: RedisSession's by inheritance
     Facts, decode(), array()  what the pool reads of its server; what it writes itself
 
 The five RESP2 types, each opening with one type byte and a line ended by b"\\r\\n":
@@ -65,8 +67,8 @@ import secrets
 
 import part3.commands as commands
 import part3.lending as lending
-from part3.lending import HELD, OWN, POOLED
 import tcp_proxy
+from part2.pipeline import HELD, OWN, POOLED
 from tcp_proxy import Head, Piece, Session
 
 MAX_REPLY = 1 << 20     # the longest reply a pool will buffer (Redis allows 512 MB; a toy does not)
@@ -79,14 +81,16 @@ DEDICATED_CAP = 32     # connections a pool opens for its clients' waits and str
 LENGTH = re.compile(rb"-1|0|[1-9][0-9]{0,17}")   # a length or count: canonical, or -1 for null
 INTEGER = re.compile(rb"-?(0|[1-9][0-9]{0,18})")
 CR, LF = b"\r\n"   # as integers, what indexing a buffer gives
-BULK = re.compile(rb"\$(0|[1-9][0-9]{0,17})\r\n")   # a bulk string's line, the common case, read in one step
+# A bulk string's line, the common case, read in one step.
+BULK = re.compile(rb"\$(0|[1-9][0-9]{0,17})\r\n")
 # The one-pass read of an array of bulk strings: its line and its first element's in one match,
 # then each next element's line with the \r\n that ends the element before it.
 ARRAY_HEAD = re.compile(rb"\*([1-9][0-9]{0,17})\r\n\$(0|[1-9][0-9]{0,17})\r\n")
 NEXT_BULK = re.compile(rb"\r\n\$(0|[1-9][0-9]{0,17})\r\n")
 STAR, DOLLAR = b"*$"   # as integers, what indexing a buffer gives
 NUMBERS = {b"%d" % number: number for number in range(1024)}   # the common lengths, no int() each
-SIMPLE = re.compile(rb"[+-][^\r\n]*\r\n|:-?(?:0|[1-9][0-9]{0,18})\r\n|[$*]-1\r\n")   # a whole one-line reply
+# A whole one-line reply.
+SIMPLE = re.compile(rb"[+-][^\r\n]*\r\n|:-?(?:0|[1-9][0-9]{0,18})\r\n|[$*]-1\r\n")
 # RESP3's one-line types, and RESP2's integer: the type byte and what its line must be.
 SCALARS = {
     b":": INTEGER,
@@ -176,7 +180,7 @@ class Parser:
         self.searched = 0        # where the search for the current line's end resumes
         self.still_to_read = 1   # elements (array elements included) not yet read whole
         self.bulk_end = None     # inside a bulk string: where its bytes end
-        self.lines = 0           # lines parsed, each once however the bytes came (the tests read it)
+        self.lines = 0           # lines parsed, each once however the bytes came (tests read it)
         self.over = False        # the message has proved longer than max_size (overlong="drop")
         self.dropped = 0         # bytes of it deleted from the buffer's front
         self.head = None         # its first bytes, kept when the first of them are deleted
@@ -324,7 +328,8 @@ class Parser:
         """The next line, without its b"\\r\\n", or None while it has not ended."""
         end = buffer.find(b"\r", self.searched)
         if (bare := buffer.find(b"\n", self.searched, len(buffer) if end < 0 else end)) >= 0:
-            raise ValueError(f"a RESP line ended by a bare \\n: {bytes(buffer[self.position:bare + 1][:40])!r}")
+            shown_bytes = bytes(buffer[self.position:bare + 1][:40])
+            raise ValueError(f"a RESP line ended by a bare \\n: {shown_bytes!r}")
         if end < 0 or end + 1 == len(buffer):   # not ended yet (or b"\r" is the last byte so far)
             self.searched = len(buffer) if end < 0 else end
             if not self.over and self.dropped + self.searched > self.max_size:
@@ -333,7 +338,8 @@ class Parser:
                 raise ValueError(f"a RESP line longer than {self.max_size} bytes, and not over")
             return None
         if buffer[end + 1] != ord(b"\n"):
-            raise ValueError(f"a \\r not followed by \\n: {bytes(buffer[self.position:end + 2][:40])!r}")
+            shown_bytes = bytes(buffer[self.position:end + 2][:40])
+            raise ValueError(f"a \\r not followed by \\n: {shown_bytes!r}")
         line = bytes(buffer[self.position:end])
         self.position = self.searched = end + 2
         self.lines += 1
@@ -440,7 +446,7 @@ class Resp:
     `FLUSHDB`, `CONFIG SET`) that the policy refuses by default; Resp(refuse=names) refuses
     commands it would forward. A name the table does not have, or one it never passes, is a
     ValueError. max_reply and max_request bound what the pool keeps of one message: the
-    window a longer one is passed on through (FramedProxy), or dropped past (ManagedProxy).
+    window a longer one is passed on through, in pieces (both pools).
 
     AUTH belongs to the pool: password= (and user=, "default" if not given) is what it asks
     of its clients (AUTH and HELLO ... AUTH are answered by their session; anything else
@@ -480,7 +486,8 @@ class Resp:
         return frozenset(chosen)
 
     def reply_size(self, buffer):
-        """Length of the first whole reply at the start of buffer, or None while it has not ended."""
+        """Length of the first whole reply at the start of buffer, or None while it has not
+        ended."""
         return reply_size(buffer, self.max_reply)
 
     def reply_parser(self, passing=False):
@@ -573,12 +580,13 @@ class Resp:
 
     def session(self, pool=None):
         """What the pool keeps of one client between its requests (RedisSession): with a
-        pool that can hold state for it (FramedProxy), the session answers, replays, pins and
-        dedicates; without one (ManagedProxy, for now), it refuses what would need it."""
+        pool that can hold state for it (FramedProxy, ManagedProxy), the session answers,
+        replays, pins and dedicates; without one, it refuses what would need it."""
         return RedisSession(self, pool)
 
-    fresh_state = (2, 0, False)   # what a connection the pool opens carries, its AUTH said:
-    # (its protocol, its database, whether CLIENT NO-EVICT is on)
+    passes_long = True   # a message longer than a pool keeps can be passed on in pieces
+    fresh_state = (2, 0, False, None)   # what a connection the pool opens carries, AUTH said:
+    # (its protocol, its database, whether CLIENT NO-EVICT is on, its CLIENT SETNAME)
 
     def opening(self):
         """What the pool says on a connection it has just opened, before anything else: its
@@ -600,6 +608,34 @@ class Resp:
         hello, databases = replies
         return Facts.read(hello, databases)
 
+    def sync(self, carried, wanted):
+        """The requests that bring a connection carrying the state `carried` to the state
+        `wanted` (each a fresh_state-like tuple): HELLO, SELECT, CLIENT NO-EVICT and SETNAME
+        for what
+        differs; on a connection just opened (carried None), the pool's AUTH first."""
+        requests = self.opening() if carried is None else []
+        protocol, db, no_evict, name = carried or self.fresh_state
+        wanted_protocol, wanted_db, wanted_no_evict, wanted_name = wanted or self.fresh_state
+        if protocol != wanted_protocol:
+            requests.append(array(b"HELLO", b"%d" % wanted_protocol))
+        if db != wanted_db:
+            requests.append(array(b"SELECT", b"%d" % wanted_db))
+        if no_evict != wanted_no_evict:
+            requests.append(array(b"CLIENT", b"NO-EVICT", b"on" if wanted_no_evict else b"off"))
+        if name != wanted_name:   # so CLIENT LIST and the server's log name the client
+            requests.append(array(b"CLIENT", b"SETNAME", wanted_name or b""))
+        return requests
+
+    def synced(self, request, reply):
+        """Why a reply to sync()'s HELLO (a map, or RESP2's array), SELECT or AUTH (+OK) is
+        wrong, or None."""
+        command = words(request)[0]
+        if reply[:1] in b"%*" if command == b"HELLO" else reply == b"+OK\r\n":
+            return None
+        if command == b"AUTH":
+            return f"the upstream refused the pool's own AUTH: {shown(reply[:60].strip())}"
+        return f"{shown(command)} was answered {shown(reply[:60].strip())}"
+
     def error(self, message, code="ERR"):
         """An error reply in RESP's own form: one line, so no line break survives in it."""
         text = re.sub(r"[\r\n]", " ", message).encode("utf-8", "replace")
@@ -613,6 +649,8 @@ class Resp:
         whole reply already (the framing's parser framed it), so only its type is checked."""
         kind = reply[:1]
         if kind == b"-" and isinstance(reply, Overlong):
+            kind = reply.head[:1]
+        elif not kind and isinstance(reply, Passed):   # a long reply's end: judged by its head
             kind = reply.head[:1]
         elif not framed:
             try:
@@ -748,7 +786,157 @@ def confirmation(message):
     return head[1].lower(), int(count[1])
 
 
-class RedisSession(Session):
+class PoolAnswers:
+    """The commands a Redis session answers itself (ANSWERS), as redis-server answers each,
+    from what the session keeps: its protocol, database, name, credentials (RedisSession's
+    fields; the lender gives the server's facts and the client's id)."""
+
+    def hello(self, items):
+        version, options = None, items[1:]
+        if options:
+            if not INTEGER.fullmatch(options[0]):
+                return self.framing.error("Protocol version is not an integer or out of range")
+            version, options = int(options[0]), options[1:]
+            if version not in (2, 3):
+                return self.framing.error("unsupported protocol version", code="NOPROTO")
+        credentials, name, position = None, None, 0
+        while position < len(options):
+            option, more = options[position].upper(), len(options) - position - 1
+            if option == b"AUTH" and more >= 2:
+                credentials, position = options[position + 1:position + 3], position + 3
+            elif option == b"SETNAME" and more:
+                name, position = options[position + 1], position + 2
+            else:
+                return self.framing.error(f"Syntax error in HELLO option '{shown(option)}'")
+        if credentials and not self.authenticate(*credentials):
+            return WRONGPASS
+        if not self.authenticated:
+            return self.framing.error(
+                "HELLO must be called with the client already authenticated, otherwise the "
+                "HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client "
+                "and select the RESP protocol version at the same time", code="NOAUTH")
+        if name is not None and not NAME_BYTES.fullmatch(name):
+            return NAME_REFUSED
+        try:
+            facts = self.lender.facts()
+        except (OSError, ValueError) as error:
+            return self.framing.error(f"upstream: {error}")
+        if name is not None:
+            self.name = name or None   # an empty name clears it
+        self.protocol = version or self.protocol
+        self.restate()
+        pairs = [bulk(b"server"), bulk(b"redis"), bulk(b"version"), bulk(facts.version),
+                 bulk(b"proto"), b":%d\r\n" % self.protocol, bulk(b"id"), b":%d\r\n" % self.id,
+                 bulk(b"mode"), bulk(facts.mode), bulk(b"role"), bulk(facts.role),
+                 bulk(b"modules"), b"*0\r\n"]
+        opening = b"%%%d\r\n" % (len(pairs) // 2) if self.protocol == 3 else b"*%d\r\n" % len(pairs)
+        return opening + b"".join(pairs)
+
+    def authenticate(self, user, password):
+        """Whether these are the credentials the pool asks of its clients (any password, for
+        user default, when it asks none, as redis-server's default user without one)."""
+        wanted = self.framing.password
+        right = hmac.compare_digest(user, self.framing.user) and (
+            wanted is None or hmac.compare_digest(password, wanted))
+        self.authenticated = self.authenticated or right
+        return right
+
+    def auth(self, items):
+        if len(items) not in (2, 3):
+            return self.framing.error("syntax error" if len(items) > 3 else
+                                      "wrong number of arguments for 'auth' command")
+        if len(items) == 2 and self.framing.password is None:
+            return self.framing.error("AUTH <password> called without any password configured "
+                                      "for the default user. Are you sure your configuration is "
+                                      "correct?")
+        user, password = (b"default", items[1]) if len(items) == 2 else items[1:]
+        return b"+OK\r\n" if self.authenticate(user, password) else WRONGPASS
+
+    def select(self, items):
+        if len(items) != 2:
+            return self.framing.error("wrong number of arguments for 'select' command")
+        if not INTEGER.fullmatch(items[1]):
+            return self.framing.error("value is not an integer or out of range")
+        index = int(items[1])
+        if index:
+            try:
+                databases = self.lender.facts().databases
+            except (OSError, ValueError) as error:
+                return self.framing.error(f"upstream: {error}")
+            if databases is None:
+                return self.refuse("SELECT: the server does not say how many databases it has "
+                                   "(CONFIG GET databases), so the pool selects only 0")
+            if not 0 <= index < databases:
+                return self.framing.error("DB index is out of range")
+        self.db = index
+        self.restate()
+        return b"+OK\r\n"
+
+    def client(self, items):
+        subcommand = items[1].upper()
+        arity = {b"SETNAME": 3, b"GETNAME": 2, b"ID": 2, b"SETINFO": 4}[subcommand]
+        if len(items) != arity:
+            return self.framing.error(f"wrong number of arguments for 'client|"
+                                      f"{shown(subcommand.lower())}' command")
+        if subcommand == b"ID":
+            return b":%d\r\n" % self.id
+        if subcommand == b"GETNAME":
+            return bulk(self.name) if self.name else null(self.protocol)
+        if subcommand == b"SETNAME":
+            if not NAME_BYTES.fullmatch(items[2]):
+                return NAME_REFUSED
+            self.name = items[2] or None
+            self.restate()
+            return b"+OK\r\n"
+        attribute = items[2].lower()
+        if attribute not in (b"lib-name", b"lib-ver"):
+            return self.framing.error(f"Unrecognized option '{shown(items[2])}'")
+        if not NAME_BYTES.fullmatch(items[3]):
+            return self.framing.error(f"{attribute.decode()} cannot contain spaces, newlines or "
+                                      f"special characters.")
+        self.library[attribute] = items[3]
+        return b"+OK\r\n"
+
+    def no_evict_command(self, items):
+        """CLIENT NO-EVICT on|off: kept, and replayed on every connection the client's
+        requests go on (sync()), as SELECT is."""
+        if len(items) != 3:
+            return self.framing.error("wrong number of arguments for 'client|no-evict' command")
+        if items[2].lower() not in (b"on", b"off"):
+            return self.framing.error("syntax error")
+        self.no_evict = items[2].lower() == b"on"
+        self.restate()
+        return b"+OK\r\n"
+
+    def reply_command(self, items):
+        """CLIENT REPLY ON changes nothing (a connection the pool lends always replies); OFF
+        and SKIP would silence it, so that no reply ends a loan: never."""
+        if len(items) == 3 and items[2].lower() == b"on":
+            return b"+OK\r\n"
+        return self.refuse(self.framing.verdict(items)[1])
+
+    def quit(self, items):
+        """+OK, then the end: the pool closes the connection after it (the lender sees
+        `quitting`), and answers nothing the client sent after it."""
+        self.quitting = True
+        self.multi = self.watching = self.streams = False   # what it held is let go, never lent
+        return b"+OK\r\n"
+
+    def reset_command(self, items):
+        self.refused_transaction = False
+        self.reset()
+        return b"+RESET\r\n"
+
+    def unsubscribe(self, items):
+        """(P|S)UNSUBSCRIBE with nothing subscribed, as redis-server answers it: one confirmation
+        per channel named (or one, its channel null), each with a count of 0."""
+        kind = items[0].lower()
+        opening = b">3\r\n" if self.protocol == 3 else b"*3\r\n"
+        named = [bulk(channel) for channel in items[1:]] or [null(self.protocol)]
+        return b"".join(opening + bulk(kind) + channel + b":0\r\n" for channel in named)
+
+
+class RedisSession(PoolAnswers, Session):
     """One client's rules, applied to each of its requests before any borrow (admit()).
 
     A request the table forwards is sent on (None). A blank line or an empty array is
@@ -759,7 +947,8 @@ class RedisSession(Session):
     with an error and never sent, so nothing of it runs, and a client told that it
     failed can send it again without applying any of it twice.
 
-    With a pool that can hold state for its client (FramedProxy), each state has its answer:
+    With a pool that can hold state for its client (FramedProxy through part3/lending.py,
+    ManagedProxy through part2/lease.py), each state has its answer:
       answered    HELLO (2 or 3, with AUTH and SETNAME), AUTH, CLIENT SETNAME, GETNAME, ID
                   and SETINFO, QUIT and RESET, from what the session keeps; never sent
       replayed    SELECT, answered, and the protocol HELLO chose: the session's state,
@@ -770,7 +959,7 @@ class RedisSession(Session):
       dedicated   a wait (BLPOP, XREAD BLOCK) on a connection of its own, for its timeout;
                   SUBSCRIBE's stream (and MONITOR's, where the policy allows it) until the
                   last unsubscribe, as the confirmations count them (pushed())
-    The pool drives it one request at a time (part3/lending.py says how).
+    The pool drives it one request at a time (part3/lending.py, part2/lease.py say how).
     """
     lease, wait, quitting = POOLED, None, False   # what admit() says of the request admitted
 
@@ -787,6 +976,7 @@ class RedisSession(Session):
         self.protocol, self.db = 2, 0
         self.no_evict = False   # CLIENT NO-EVICT, replayed as SELECT is
         self.name = None
+        self.restate()
         self.library = {}       # CLIENT SETINFO's attributes
         self.authenticated = self.framing.password is None
         self.multi = False      # between MULTI's +OK and the reply to its EXEC or DISCARD
@@ -796,9 +986,10 @@ class RedisSession(Session):
         self.subscribed = {b"": 0, b"s": 0}   # by family: channels and patterns; shard channels
         self.marker = b"tcp-proxy:barrier:%s" % secrets.token_hex(8).encode("ascii")
 
-    @property
-    def state(self):
-        return (self.protocol, self.db, self.no_evict)
+    def restate(self):
+        """state: what a connection must carry for this client's requests (Resp.sync() brings
+        one there), kept as one tuple, made again whenever a part of it changes."""
+        self.state = (self.protocol, self.db, self.no_evict, self.name)
 
     @property
     def holds(self):
@@ -950,27 +1141,11 @@ class RedisSession(Session):
         self.lender.close(self)
 
     def sync(self, state):
-        """HELLO, SELECT and CLIENT NO-EVICT, for what a connection carries that this
-        client's does not; on a connection just opened (state None), the pool's AUTH first."""
-        requests = self.framing.opening() if state is None else []
-        protocol, db, no_evict = state or self.framing.fresh_state
-        if protocol != self.protocol:
-            requests.append(array(b"HELLO", b"%d" % self.protocol))
-        if db != self.db:
-            requests.append(array(b"SELECT", b"%d" % self.db))
-        if no_evict != self.no_evict:
-            requests.append(array(b"CLIENT", b"NO-EVICT", b"on" if self.no_evict else b"off"))
-        return requests
+        """What brings a connection carrying `state` (None: just opened) to this client's."""
+        return self.framing.sync(state, self.state)
 
     def synced(self, request, reply):
-        """Why a reply to sync()'s HELLO (a map, or RESP2's array), SELECT or AUTH (+OK) is
-        wrong."""
-        command = words(request)[0]
-        if reply[:1] in b"%*" if command == b"HELLO" else reply == b"+OK\r\n":
-            return None
-        if command == b"AUTH":
-            return f"the upstream refused the pool's own AUTH: {shown(reply[:60].strip())}"
-        return f"{shown(command)} was answered {shown(reply[:60].strip())}"
+        return self.framing.synced(request, reply)
 
     def fits(self, request, reply):
         """The fit of a reply the pool's parser framed (or of a long one's first bytes): the
@@ -986,10 +1161,13 @@ class RedisSession(Session):
         return self.framing.fits(request, reply, framed=True)
 
     def replied(self, request, reply):
-        """What a reply on the held connection says: a transaction begun or ended, keys
+        """What a reply on the held connection says (holding())."""
+        if self.lease == HELD:
+            self.holding(request, reply)
+
+    def holding(self, request, reply):
+        """A reply on the connection the client holds: a transaction begun or ended, keys
         watched or not."""
-        if self.lease != HELD:
-            return
         command = command_of(request)
         failed = reply[:1] in (b"-", b"!")
         if command == b"MULTI" and not failed:
@@ -1016,149 +1194,6 @@ class RedisSession(Session):
             kind, count = confirmed
             self.subscribed[b"s" if kind in (b"ssubscribe", b"sunsubscribe") else b""] = count
         return True
-
-    # --- the pool's own answers (ANSWERS), as redis-server gives each
-
-    def hello(self, items):
-        version, options = None, items[1:]
-        if options:
-            if not INTEGER.fullmatch(options[0]):
-                return self.framing.error("Protocol version is not an integer or out of range")
-            version, options = int(options[0]), options[1:]
-            if version not in (2, 3):
-                return self.framing.error("unsupported protocol version", code="NOPROTO")
-        credentials, name, position = None, None, 0
-        while position < len(options):
-            option, more = options[position].upper(), len(options) - position - 1
-            if option == b"AUTH" and more >= 2:
-                credentials, position = options[position + 1:position + 3], position + 3
-            elif option == b"SETNAME" and more:
-                name, position = options[position + 1], position + 2
-            else:
-                return self.framing.error(f"Syntax error in HELLO option '{shown(option)}'")
-        if credentials and not self.authenticate(*credentials):
-            return WRONGPASS
-        if not self.authenticated:
-            return self.framing.error(
-                "HELLO must be called with the client already authenticated, otherwise the "
-                "HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client "
-                "and select the RESP protocol version at the same time", code="NOAUTH")
-        if name is not None and not NAME_BYTES.fullmatch(name):
-            return NAME_REFUSED
-        try:
-            facts = self.lender.facts()
-        except (OSError, ValueError) as error:
-            return self.framing.error(f"upstream: {error}")
-        if name is not None:
-            self.name = name or None   # an empty name clears it
-        self.protocol = version or self.protocol
-        pairs = [bulk(b"server"), bulk(b"redis"), bulk(b"version"), bulk(facts.version),
-                 bulk(b"proto"), b":%d\r\n" % self.protocol, bulk(b"id"), b":%d\r\n" % self.id,
-                 bulk(b"mode"), bulk(facts.mode), bulk(b"role"), bulk(facts.role),
-                 bulk(b"modules"), b"*0\r\n"]
-        opening = b"%%%d\r\n" % (len(pairs) // 2) if self.protocol == 3 else b"*%d\r\n" % len(pairs)
-        return opening + b"".join(pairs)
-
-    def authenticate(self, user, password):
-        """Whether these are the credentials the pool asks of its clients (any password, for
-        user default, when it asks none, as redis-server's default user without one)."""
-        wanted = self.framing.password
-        right = hmac.compare_digest(user, self.framing.user) and (
-            wanted is None or hmac.compare_digest(password, wanted))
-        self.authenticated = self.authenticated or right
-        return right
-
-    def auth(self, items):
-        if len(items) not in (2, 3):
-            return self.framing.error("syntax error" if len(items) > 3 else
-                                      "wrong number of arguments for 'auth' command")
-        if len(items) == 2 and self.framing.password is None:
-            return self.framing.error("AUTH <password> called without any password configured "
-                                      "for the default user. Are you sure your configuration is "
-                                      "correct?")
-        user, password = (b"default", items[1]) if len(items) == 2 else items[1:]
-        return b"+OK\r\n" if self.authenticate(user, password) else WRONGPASS
-
-    def select(self, items):
-        if len(items) != 2:
-            return self.framing.error("wrong number of arguments for 'select' command")
-        if not INTEGER.fullmatch(items[1]):
-            return self.framing.error("value is not an integer or out of range")
-        index = int(items[1])
-        if index:
-            try:
-                databases = self.lender.facts().databases
-            except (OSError, ValueError) as error:
-                return self.framing.error(f"upstream: {error}")
-            if databases is None:
-                return self.refuse("SELECT: the server does not say how many databases it has "
-                                   "(CONFIG GET databases), so the pool selects only 0")
-            if not 0 <= index < databases:
-                return self.framing.error("DB index is out of range")
-        self.db = index
-        return b"+OK\r\n"
-
-    def client(self, items):
-        subcommand = items[1].upper()
-        arity = {b"SETNAME": 3, b"GETNAME": 2, b"ID": 2, b"SETINFO": 4}[subcommand]
-        if len(items) != arity:
-            return self.framing.error(f"wrong number of arguments for 'client|"
-                                      f"{shown(subcommand.lower())}' command")
-        if subcommand == b"ID":
-            return b":%d\r\n" % self.id
-        if subcommand == b"GETNAME":
-            return bulk(self.name) if self.name else null(self.protocol)
-        if subcommand == b"SETNAME":
-            if not NAME_BYTES.fullmatch(items[2]):
-                return NAME_REFUSED
-            self.name = items[2] or None
-            return b"+OK\r\n"
-        attribute = items[2].lower()
-        if attribute not in (b"lib-name", b"lib-ver"):
-            return self.framing.error(f"Unrecognized option '{shown(items[2])}'")
-        if not NAME_BYTES.fullmatch(items[3]):
-            return self.framing.error(f"{attribute.decode()} cannot contain spaces, newlines or "
-                                      f"special characters.")
-        self.library[attribute] = items[3]
-        return b"+OK\r\n"
-
-    def no_evict_command(self, items):
-        """CLIENT NO-EVICT on|off: kept, and replayed on every connection the client's
-        requests go on (sync()), as SELECT is."""
-        if len(items) != 3:
-            return self.framing.error("wrong number of arguments for 'client|no-evict' command")
-        if items[2].lower() not in (b"on", b"off"):
-            return self.framing.error("syntax error")
-        self.no_evict = items[2].lower() == b"on"
-        return b"+OK\r\n"
-
-    def reply_command(self, items):
-        """CLIENT REPLY ON changes nothing (a connection the pool lends always replies); OFF
-        and SKIP would silence it, so that no reply ends a loan: never."""
-        if len(items) == 3 and items[2].lower() == b"on":
-            return b"+OK\r\n"
-        return self.refuse(self.framing.verdict(items)[1])
-
-    def quit(self, items):
-        """+OK, then the end: the pool closes the connection after it (the lender sees
-        `quitting`), and answers nothing the client sent after it."""
-        self.quitting = True
-        self.multi = self.watching = self.streams = False   # what it held is let go, never lent
-        return b"+OK\r\n"
-
-    def reset_command(self, items):
-        self.refused_transaction = False
-        self.reset()
-        return b"+RESET\r\n"
-
-    def unsubscribe(self, items):
-        """(P|S)UNSUBSCRIBE with nothing subscribed, as redis-server answers it: one confirmation
-        per channel named (or one, its channel null), each with a count of 0."""
-        kind = items[0].lower()
-        opening = b">3\r\n" if self.protocol == 3 else b"*3\r\n"
-        named = [bulk(channel) for channel in items[1:]] or [null(self.protocol)]
-        return b"".join(opening + bulk(kind) + channel + b":0\r\n" for channel in named)
-
 
 WRONGPASS = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n"
 NOAUTH = b"-NOAUTH Authentication required.\r\n"

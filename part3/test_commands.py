@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import need_redis
 from part2.managed import ManagedProxy
-from part3 import commands
+from part3 import commands, lending
 from part3.resp import RESP, Overlong, Resp, words
 from part3 import redis_server
 from tcp_proxy import FramedProxy
@@ -506,21 +506,17 @@ def test_a_blocking_xreadgroup_hidden_behind_a_consumer_named_streams_holds_no_s
         redis, control, clients, proxy_kind):
     """Before: the refusal looked for BLOCK before the first STREAMS only; the one connection
     blocked, and no victim was answered (an XADD through the pool queued behind it). Now
-    FramedProxy gives the wait a connection of its own (the victim's XADD ends it), and
-    ManagedProxy, which has none to give yet, refuses it."""
+    each pool gives the wait a connection of its own (the victim's XADD ends it)."""
     set_up(control, "DEL s", "XGROUP CREATE s g $ MKSTREAM")
     hidden = array("XREADGROUP", "GROUP", "g", "STREAMS", "BLOCK", 0, "STREAMS", "s", ">")
     with PROXIES[proxy_kind](redis) as proxy:
         attacker, victim = clients(proxy.addr, 2)
         attacker.send(hidden)
-        if proxy_kind == "ManagedProxy":
-            assert attacker.read() == refused(f"XREADGROUP BLOCK {BLOCKS}")
         assert victim.ask(array("XADD", "s", "1-1", "f", "v"), array("PING")) == \
             [b"$3\r\n1-1\r\n", b"+PONG\r\n"]
-        if proxy_kind == "FramedProxy":   # woken by the XADD, on its own connection
-            assert attacker.read() == (b"*1\r\n*2\r\n$1\r\ns\r\n*1\r\n*2\r\n$3\r\n1-1\r\n"
-                                       b"*2\r\n$1\r\nf\r\n$1\r\nv\r\n")
-            assert proxy.opened == 2   # the pool's one, and the wait's own, now closed
+        assert attacker.read() == (b"*1\r\n*2\r\n$1\r\ns\r\n*1\r\n*2\r\n$3\r\n1-1\r\n"
+                                   b"*2\r\n$1\r\nf\r\n$1\r\nv\r\n")
+        assert lending.lender_of(proxy).dedicated == 1   # the wait's own, now closed
 
 
 # --- inline commands redis-server would read otherwise ----------------------------------------
@@ -557,7 +553,9 @@ def test_an_inline_commands_words_are_split_as_redis_server_splits_them(redis):
 def test_requests_redis_server_would_never_answer_are_refused_before_any_borrow_and_hold_nothing(
         redis, control, clients, proxy_kind):
     """Before, through FramedProxy: each held the pool's one connection for reply_timeout
-    (5 s), and two of them made a victim's PING wait about 5 s; ManagedProxy's stopped."""
+    (5 s), and two of them made a victim's PING wait about 5 s; ManagedProxy's stopped.
+    The wait goes on a connection of its own, which redis-server answers at once (the
+    group g does not exist)."""
     never_answered = [array("REPLCONF", "ACK", 0), b"GET a\x00b\r\n",
                       array("XREADGROUP", "GROUP", "g", "STREAMS", "BLOCK", 0, "STREAMS", "s", ">")]
     set_up(control, "DEL s")   # no stream, no group g
@@ -568,9 +566,5 @@ def test_requests_redis_server_would_never_answer_are_refused_before_any_borrow_
         assert victim.ask(array("PING")) == [b"+PONG\r\n"]
         elapsed = time.monotonic() - started
         replies = [attacker.read()[:15] for _ in never_answered]
-    assert replies[:2] == [b"-ERR tcp-proxy:"] * 2
-    # the wait: refused by ManagedProxy; on FramedProxy, on a connection of its own, which
-    # redis-server answers at once (the group g does not exist)
-    waited = b"-ERR tcp-proxy:" if proxy_kind == "ManagedProxy" else b"-NOGROUP No suc"
-    assert replies[2] == waited
+    assert replies == [b"-ERR tcp-proxy:"] * 2 + [b"-NOGROUP No suc"]
     assert elapsed < 1.0, f"{elapsed:.2f} s"

@@ -11,12 +11,12 @@ import types
 import pytest
 
 from conftest import need_redis
-from part2.calls import Run
+from part2.calls import MessageLost, Run
 from part2.managed import ManagedClient, ManagedProxy
 from part2.managed_demo import in_background, outcome
 from part2.pipeline import OutOfStep, Pipeline
 from part3.redis_server import RedisControl, read_resp, redis_and_control
-from part3.resp import RESP
+from part3.resp import RESP, Resp
 from scaffolding import kit
 from scaffolding.faults import FaultyUpstream
 from tcp_proxy import Hooks
@@ -113,3 +113,65 @@ def test_a_managed_proxy_over_resp_gives_many_threads_their_own_random_values_ov
         assert (proxy.answered, proxy.failed, client.connects, client.errors) == (400, 0, 1, 0)
         readers = [line for line in control.command("CLIENT LIST").split(b"\n") if b" cmd=get " in line]
         assert len(readers) == 1   # every GET came over one connection (the direct ones last sent SET)
+
+
+# --- a client's state, synced in the pipeline --------------------------------------------------
+
+class Told:
+    """What a run's sink was told, in order."""
+
+    def __init__(self):
+        self.told = []
+
+    def replied(self, run, replies):
+        self.told += [("reply", reply) for reply in replies]
+
+    def failed(self, run, error):
+        self.told.append(("failed", type(error).__name__, len(run.requests) - run.answered))
+
+
+def resp_pipeline(framing):
+    return Pipeline(framing, lambda run, replies, first: None, True)
+
+
+def resp_array(*items):
+    return b"*%d\r\n" % len(items) + b"".join(b"$%d\r\n%s\r\n" % (len(i), i) for i in items)
+
+
+GET_K = resp_array(b"GET", b"k")
+HELLO_MAP = b"%1\r\n$6\r\nserver\r\n$5\r\nredis\r\n"
+HELLO_ARRAY = b"*2\r\n$6\r\nserver\r\n$5\r\nredis\r\n"
+
+
+def test_a_run_whose_state_differs_goes_after_the_sync_that_brings_the_connection_to_it():
+    core = resp_pipeline(RESP)
+    sinks = [Told() for _ in range(3)]
+    for sink, state in zip(sinks, [(3, 1, False, None), (3, 1, False, None), (2, 0, False, None)]):
+        core.queue(Run([GET_K], sink, state=state))
+    assert bytes(core.out) == (resp_array(b"HELLO", b"3") + resp_array(b"SELECT", b"1") +
+                               GET_K + GET_K +   # the second: the queue's end is there already
+                               resp_array(b"HELLO", b"2") + resp_array(b"SELECT", b"0") + GET_K)
+    core.feed(HELLO_MAP + b"+OK\r\n" + b"$3\r\none\r\n" + b"$3\r\ntwo\r\n" + HELLO_ARRAY +
+              b"+OK\r\n" + b"$5\r\nthree\r\n")
+    assert [sink.told for sink in sinks] == [[("reply", b"$3\r\none\r\n")],
+                                             [("reply", b"$3\r\ntwo\r\n")],
+                                             [("reply", b"$5\r\nthree\r\n")]]
+
+
+def test_a_sync_answered_with_an_error_is_out_of_step_and_no_client_sees_its_reply():
+    core = resp_pipeline(RESP)
+    sink = Told()
+    core.queue(Run([GET_K], sink, state=(2, 4, False, None)))
+    with pytest.raises(OutOfStep) as raised:
+        core.feed(b"-ERR DB index is out of range\r\n" + b"$3\r\nold\r\n")
+    assert str(raised.value) == ("the connection could not take a client's state: SELECT was "
+                                 "answered -ERR DB index is out of range")
+    assert core.lose(MessageLost("out of step")) == 1
+    assert sink.told == [("failed", "MessageLost", 1)]
+
+
+def test_a_run_that_asks_no_state_takes_the_connection_as_it_is_after_the_pools_own_auth():
+    core = resp_pipeline(Resp(upstream_password="secret"))
+    core.queue(Run([GET_K], Told()))   # a thread's call: no state of its own
+    core.queue(Run([GET_K], Told(), state=RESP.fresh_state))   # as the connection was opened
+    assert bytes(core.out) == resp_array(b"AUTH", b"secret") + GET_K + GET_K

@@ -9,7 +9,6 @@ Its sections go by subject, in the order a request meets them; the real clients 
 import contextlib
 import os
 import random
-import re
 import socket
 import subprocess
 import threading
@@ -20,10 +19,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import need_redis
-from part3 import resp
+from part3 import lending, resp
 from part3.resp import RESP
 from part3 import redis_server
 from part2.managed import ManagedProxy
+from part2.pipeline import ClientStream, hand_out
 from tcp_proxy import LINES, MAX_LINE, FramedProxy, Server, read_lines
 
 EXAMPLES = int(os.environ.get("SOAK", "40"))
@@ -181,10 +181,6 @@ STATE = "sets state on the connection that the next borrower would inherit"
 SESSION = "speaks for the client's session: who it is, how it speaks, when it ends"
 
 
-def managed_pool(redis):
-    return ManagedProxy([(redis.addr, 1)], framing=RESP)
-
-
 @pytest.mark.parametrize("words, rule", [
     (("WATCH", "k"),
      "WATCH is part of a transaction, state the connection keeps until EXEC or DISCARD"),
@@ -196,18 +192,14 @@ def managed_pool(redis):
     (("BLPOP", "jobs", "0"), "BLPOP holds the connection for as long as it waits"),
     (("XREAD", "BLOCK", "0", "STREAMS", "s", "$"), "XREAD BLOCK holds the connection for as long as it waits"),
 ])
-def test_a_pool_that_keeps_no_state_refuses_what_would_change_or_hold_its_connection_by_rule(
-        redis, control, words, rule):
-    """ManagedProxy keeps no state for its clients yet (every client shares its pipelined
-    connection): it refuses what FramedProxy's sessions answer, replay, pin or dedicate."""
-    with managed_pool(redis) as proxy, socket.create_connection(proxy.addr, timeout=10) as client:
-        reader = reader_of(client)
-        client.sendall(array(*words) + array("SET", "after", "fine") + array("CLIENT", "INFO"))
-        assert redis_server.read_resp(reader) == \
-            b"-ERR tcp-proxy: %s; a pool cannot lend it\r\n" % rule.encode()
-        assert redis_server.read_resp(reader) == b"+OK\r\n"   # the client goes on, on a clean connection
-        pooled = redis_server.read_resp(reader)
-        assert re.search(rb" db=0 sub=0 psub=0 (ssub=0 )?multi=-1 ", pooled), pooled
+def test_a_session_without_a_pool_refuses_what_would_change_or_hold_its_connection_by_rule(
+        words, rule):
+    """A session given no pool to keep state for its client refuses what a pool's sessions
+    answer, replay, pin or dedicate; what comes after it goes on."""
+    session = RESP.session()
+    assert session.admit(array(*words)) == \
+        b"-ERR tcp-proxy: %s; a pool cannot lend it\r\n" % rule.encode()
+    assert session.admit(array("SET", "after", "fine")) is None
 
 
 def test_a_transaction_holds_its_connection_so_the_next_borrowers_set_is_never_queued_in_it(
@@ -241,98 +233,44 @@ def not_sent(name):
             b"MULTI\r\n" % name)
 
 
-@pytest.mark.parametrize("proxy_kind", ["ManagedProxy"])   # FramedProxy pins it: test_sessions.py
-def test_a_redis_py_transaction_is_refused_whole_and_nothing_of_it_runs_however_often_retried(
-        redis, control, proxy_kind):
-    """redis-py's pipeline() is MULTI, its commands and EXEC in one write. Before: MULTI and
-    EXEC got errors and the commands between ran unqueued (n = 2, LLEN q = 1), so the
-    client was told it failed while half of it had run, and each retry ran it again."""
-    import redis as redis_py
-    control.command("DEL n q")
-    errors = []
-    with REDIS_PROXIES[proxy_kind](redis, 1) as proxy:
-        client = redis_py_client(proxy, protocol=2)   # HELLO 3 is refused there too
-        try:
-            for _ in range(2):   # the second: a retry, as a client told it failed would
-                with client.pipeline() as pipe:
-                    pipe.incr("n").incr("n").lpush("q", "job")
-                    with pytest.raises(redis_py.ResponseError) as raised:
-                        pipe.execute()
-                    errors.append(str(raised.value))
-            assert client.set("after", "fine") is True   # the connection goes on
-        finally:
-            client.close()
-            client.connection_pool.disconnect()
-    assert (control.command("GET n"), control.command("LLEN q")) == (b"$-1\r\n", b":0\r\n")
-    assert [error.split(";")[0] for error in errors] == [
-        "tcp-proxy: MULTI is part of a transaction, state the connection keeps until EXEC or "
-        "DISCARD"] * 2
-
-
-@pytest.mark.parametrize("proxy_kind", ["ManagedProxy"])
-def test_every_request_from_a_refused_multi_to_its_exec_or_discard_is_answered_and_never_sent(
-        redis, control, proxy_kind):
-    control.command("DEL t:a t:b")
-    control.command("CONFIG RESETSTAT")
-    with REDIS_PROXIES[proxy_kind](redis, 1) as proxy, \
-            socket.create_connection(proxy.addr, timeout=10) as client:
-        reader = reader_of(client)
-        client.sendall(array("MULTI") + array("SET", "t:a", 1) + b"\r\n" + array("MULTI") +
-                       array("EXEC", "now") + array("DISCARD") + array("SET", "t:b", 2) +
-                       array("multi") + b"GET t:b\r\n" + array("exec") + array("EXEC"))
-        replies = [redis_server.read_resp(reader) for _ in range(10)]
-    assert replies == [
+def test_every_request_from_a_refused_multi_to_its_exec_or_discard_is_answered_and_never_sent():
+    """A session given no pool refuses MULTI, and with it every request up to the EXEC or
+    DISCARD that ends the transaction: answered in the client's order, none sent on."""
+    stream = ClientStream(RESP, types.SimpleNamespace(answered=0, failed=0))
+    entries = stream.feed(array("MULTI") + array("SET", "t:a", 1) + b"\r\n" + array("MULTI") +
+                          array("EXEC", "now") + array("DISCARD") + array("SET", "t:b", 2) +
+                          array("multi") + b"GET t:b\r\n" + array("exec") + array("EXEC"))
+    assert [entry.requests for entry in entries] == [[array("SET", "t:b", 2)]]   # sent: that alone
+    hand_out(entries, [b"+OK\r\n"])
+    assert bytes(stream.out) == b"".join([
         MULTI_REFUSED, not_sent(b"SET"), not_sent(b"MULTI"), not_sent(b"EXEC"),   # a blank: nothing
         b"+OK\r\n",                                  # DISCARD ends it, as redis-server's does
         b"+OK\r\n",                                  # SET t:b, sent: the transaction is over
         MULTI_REFUSED, not_sent(b"GET"), EXEC_ABORTED,
         b"-ERR tcp-proxy: EXEC is part of a transaction, state the connection keeps until EXEC or "
-        b"DISCARD; a pool cannot lend it\r\n"]       # EXEC with no MULTI: refused alone
-    stats = control.command("INFO commandstats")
-    assert set(re.findall(rb"cmdstat_(\w+)", stats)) == {b"set", b"config"}   # SET t:b; RESETSTAT
-    assert (control.command("GET t:a"), control.command("GET t:b")) == (b"$-1\r\n", b"$1\r\n2\r\n")
+        b"DISCARD; a pool cannot lend it\r\n"])     # EXEC with no MULTI: refused alone
 
 
 # --- a request too long to keep: read to its end, answered, never a reset -----------------------
 
-@pytest.mark.parametrize("proxy_kind", ["ManagedProxy"])   # FramedProxy passes it on: below
-def test_a_request_longer_than_the_pool_keeps_is_answered_too_long_and_its_client_goes_on(
-        redis, control, proxy_kind):
-    """redis-py's test_large_responses sets 5 MB. Before: the pool wrote its error and closed
-    while the client still wrote; the client saw Broken pipe or a reset, never the error."""
-    import redis as redis_py
-    control.command("DEL large")
-    value = b"v" * 5_000_000   # as redis-py's test_large_responses sets: past max_request
-    with REDIS_PROXIES[proxy_kind](redis, 1) as proxy:
-        client = redis_py_client(proxy, protocol=2)
-        try:
-            with pytest.raises(redis_py.ResponseError) as raised:
-                client.set("large", value)
-            sent = len(array("SET", "large", value))
-            assert str(raised.value) == (
-                f"tcp-proxy: a request of {sent} bytes is too long: longer than the 1048576 a pool "
-                f"keeps, so it was read to its end and dropped, never sent")
-            assert client.set("small", "fine") is True   # the same connection, past the long one
-            assert client.get("large") is None
-            assert proxy.connections == 1   # redis-py never had to connect again
-        finally:
-            client.close()
-            client.connection_pool.disconnect()
-
-
+@pytest.mark.parametrize("proxy_kind", ["FramedProxy", "ManagedProxy"])
 def test_a_request_and_a_reply_longer_than_the_pool_keeps_are_passed_on_as_they_arrive(
-        redis, control):
-    """redis-py's test_large_responses, through FramedProxy: the 5 MB SET goes upstream as it
-    arrives and the GET's reply comes back the same way, past the 1 MiB the pool keeps."""
+        redis, control, proxy_kind):
+    """redis-py's test_large_responses: the 5 MB SET goes upstream as it arrives and the
+    GET's reply comes back the same way, past the 1 MiB the pool keeps. Before, through
+    ManagedProxy: the SET was read to its end, dropped and answered too long."""
     control.command("DEL large")
     value = bytes(range(256)) * 20_000   # 5,120,000 bytes, no two pieces alike
-    with framed_pool(redis, pool_cap=1) as proxy:
+    with REDIS_PROXIES[proxy_kind](redis, 1) as proxy:
         client = redis_py_client(proxy)
         try:
             assert client.set("large", value) is True
             assert client.get("large") == value
             assert client.set("small", "fine") is True
-            assert (proxy.connections, proxy.opened, proxy.released) == (1, 1, 4)   # HELLO aside
+            if proxy_kind == "FramedProxy":
+                assert (proxy.connections, proxy.opened, proxy.released) == (1, 1, 4)   # no HELLO
+            else:   # the SET on a connection of its own, the GET's reply on the shared one
+                assert (proxy.connections, lending.lender_of(proxy).dedicated) == (1, 1)
         finally:
             client.close()
             client.connection_pool.disconnect()
@@ -592,10 +530,7 @@ def test_redis_cli_sets_and_gets_through_the_pool(redis, proxy_kind):
             wrong += run.stdout != value.encode() + b"\n"
         multi = subprocess.run(["redis-cli", "-p", port, "MULTI"], capture_output=True, timeout=30)
     assert wrong == 0
-    if proxy_kind == "FramedProxy":   # pinned for the transaction, then closed as redis-cli goes
-        assert multi.stdout == b"OK\n"
-    else:   # not a tty: no "(error)"
-        assert multi.stdout.startswith(b"ERR tcp-proxy: MULTI is part of a transaction")
+    assert multi.stdout == b"OK\n"   # pinned for the transaction, then closed as redis-cli goes
 
 
 def redis_py_client(proxy, **options):
@@ -605,10 +540,10 @@ def redis_py_client(proxy, **options):
     return redis_py.Redis(host=proxy.addr[0], port=proxy.addr[1], socket_timeout=30, **options)
 
 
-# RESP2 clients (protocol=2) work through both pools; redis-py's defaults (RESP3), through
-# the pools that keep state for their clients (test_sessions.py's POOL_KINDS says which).
+# RESP2 clients (protocol=2) and redis-py's defaults (RESP3) work through both pools.
 PROTOCOLS = [pytest.param("ManagedProxy", 2, id="ManagedProxy-resp2"),
              pytest.param("FramedProxy", 2, id="FramedProxy-resp2"),
+             pytest.param("ManagedProxy", None, id="ManagedProxy-defaults"),
              pytest.param("FramedProxy", None, id="FramedProxy-defaults")]
 
 

@@ -1,0 +1,337 @@
+"""lease: what ManagedProxy lends a client whose session keeps state (Redis: a transaction,
+a wait, a stream), on the set's loop, beside the shared pipeline. A reader of the batch
+path need not read it: a client that never asks for any of this never reaches it.
+
+    ManagedLending  one proxy's lender, as its sessions see it (part3/lending.py's
+                    lender_of() makes it): next_id(), facts() learned once through the
+                    set (NotYet until then), how many connections of their own its
+                    clients have (within the framing's dedicated_cap)
+    SessionFraming  the framing of a client's own connection: its fit is the session's
+                    (inside MULTI, +QUEUED), and each reply is told to the session as its
+                    fit is checked, in order (a transaction begun or ended)
+    OwnLink         a connection of one client's own (a transaction's or a wait's): a
+                    ManagedClient on the set's loop that the set's pick never sees; closed
+                    once the transaction or the wait is over, never lent to another
+    OwnSink         the sink of a request on it: its reply to the client's entry, then
+                    what the reply ended
+    StreamLink      a client's stream (SUBSCRIBE, MONITOR) on a connection of its own: the
+                    upstream's messages to the client as they come (a long one in pieces),
+                    each request followed by the session's barrier, whose reply tells the
+                    client's admission to go on (and, the subscriptions all gone, ends it)
+
+The order a lent request takes: ClientStream.admit() (session.lease is not POOLED) ->
+it waits until every request before it is answered -> ProxyClient.lend() -> an OwnLink
+(or the StreamLink) -> its reply to the client -> the requests after it admitted.
+"""
+import itertools
+import math
+import os
+import socket
+
+from part2.calls import ManagedError, Run
+from part2.client import ManagedClient
+from part2.connection import READ_SIZE, start_connect
+from part2.loop import READ, WRITE
+from part2.pipeline import HELD, NotYet
+from tcp_proxy import Frames, Passed, Piece
+
+FACTS_RETRY = 1.0   # seconds the pool answers with its failure to learn, before it asks again
+
+
+class ManagedLending:
+    """What one ManagedProxy does for its clients' sessions beside the shared pipeline."""
+
+    def __init__(self, proxy):
+        self.proxy = proxy
+        self.framing = proxy.framing
+        self.ids = itertools.count(1)
+        self.learned = None    # what the pool read of its server, once (facts())
+        self.learning = False
+        self.failure = None    # (when, why) the last learning failed
+        self.waiters = []      # what to call once the facts are in (or failed)
+        self.own = 0           # connections of a client's own open now
+        self.dedicated = 0     # such connections ever opened (the tests read it)
+
+    def next_id(self):
+        return next(self.ids)
+
+    def facts(self):
+        """The server's facts (framing.facts()); the first time, NotYet: they are asked
+        through the set, as any request, and every session waiting is told once they come."""
+        if self.learned is not None:
+            return self.learned
+        now = self.proxy.loop.clock.now()
+        if self.failure and now < self.failure[0] + FACTS_RETRY:
+            raise ConnectionError(self.failure[1])
+        if not self.learning:
+            self.learning = True
+            self.proxy.managed_set.place(self.framing.facts_requests(), FactsSink(self))
+        raise NotYet(self.waiters)
+
+    def learned_now(self, facts=None, failure=None):
+        self.learning = False
+        self.learned = facts
+        if failure is not None:
+            self.failure = (self.proxy.loop.clock.now(), failure)
+        waiters, self.waiters = self.waiters, []
+        for resume in waiters:
+            resume()
+
+    def opened(self):
+        """One more connection of a client's own, or ManagedError past dedicated_cap."""
+        cap = self.framing.dedicated_cap
+        if self.own >= cap:
+            raise ManagedError(f"no connection of its own for this request: the pool's {cap} "
+                               f"dedicated connections are all in use")
+        self.own += 1
+        self.dedicated += 1
+
+    def closed(self):
+        self.own -= 1
+
+
+class FactsSink:
+    """The sink of the pool's own facts_requests()."""
+
+    def __init__(self, lending):
+        self.lending = lending
+        self.replies = []
+
+    def replied(self, run, replies):
+        self.replies += replies
+        if len(self.replies) == len(run.requests):
+            try:
+                facts = self.lending.framing.facts(self.replies)
+            except ValueError as error:
+                self.lending.learned_now(failure=f"the server's facts: {error}")
+                return
+            self.lending.learned_now(facts)
+
+    def failed(self, run, error):
+        self.lending.learned_now(failure=str(error))
+
+
+class SessionFraming:
+    """The framing, with the fit of one client's session (session.fits()); a reply whose
+    fit is checked is told to the session (holding()) at once, so the next reply's fit is
+    judged as of it (MULTI's +OK: from then on, +QUEUED)."""
+
+    def __init__(self, framing, session):
+        self.framing, self.session = framing, session
+
+    def __getattr__(self, name):
+        return getattr(self.framing, name)
+
+    def fits(self, request, reply, framed=False):
+        if not self.session.fits(request, reply):
+            return False
+        self.session.holding(request, reply)
+        return True
+
+
+def own_addr(managed_set):
+    """The first service the set's cache has enabled (its first, if none is)."""
+    enabled = [addr for addr in managed_set.addrs if managed_set.rcache.is_enabled(addr)]
+    return (enabled or managed_set.addrs)[0]
+
+
+class OwnLink:
+    """A connection of one client's own: a ManagedClient on the proxy's loop, not the set's."""
+
+    def __init__(self, proxy, stream):
+        proxy.lending.opened()
+        self.lending = proxy.lending
+        managed_set = proxy.managed_set
+        self.client = ManagedClient(own_addr(managed_set), loop=proxy.loop,
+                                    framing=SessionFraming(proxy.framing, stream.session),
+                                    rcache=managed_set.rcache, msg_timeout=proxy.msg_timeout,
+                                    msg_timeout_is_fatal=True)
+        self.closed = False
+        self.run = None
+
+    def send(self, stream, entry, wait=None):
+        """entry's one request on it: within msg_timeout, or a wait's own timeout and
+        msg_timeout more (math.inf: for as long as the client stays)."""
+        clock = self.client.clock
+        if wait is None:
+            deadline = self.client.deadline()
+        elif math.isinf(wait):
+            deadline = None
+        else:
+            deadline = clock.now() + wait + self.client.msg_timeout
+        sink = OwnSink(stream, entry, self)
+        data = bytearray(entry.data)   # a long request's: its pieces are added as they come
+        self.run = Run(entry.requests, sink, deadline, data=data, state=entry.state)
+        self.client.place(self.run)
+
+    def extend(self, piece):
+        """A piece of the long request sent on it; how many bytes it has queued now."""
+        connection = self.client.connection
+        if self.closed or connection is None:   # it has failed: its entry has its error
+            return 0
+        connection.extend(self.run, piece)
+        return len(self.run.data) if self.run in connection.waiting else \
+            len(connection.pipeline.out)
+
+    def when_drained(self, function):
+        if (connection := self.client.connection) is not None:
+            connection.drained = function
+        else:
+            function()
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            self.lending.closed()
+            self.client._shut_on_loop()   # on the loop: whatever it owes fails, its socket closed
+            self.client.loop.counted.remove(self.client)   # the loop wakes its waiters no more
+
+
+class OwnSink:
+    """A request on a client's own connection: its reply to its entry; then the link let go
+    if what it was for is over (the transaction ended, the wait answered)."""
+
+    def __init__(self, stream, entry, link):
+        self.stream, self.entry, self.link = stream, entry, link
+        self.state = entry.state
+
+    def replied(self, run, replies):
+        self.entry.replied(run, replies)
+        self.stream.own_replied(self.link)
+
+    def passing(self, run, piece):
+        return self.entry.passing(run, piece)
+
+    def failed(self, run, error):
+        session = self.stream.session
+        if session.lease == HELD or session.holds:
+            session.lost()   # its transaction went with it: the rest is refused to its end
+        self.entry.failed(run, error)
+        self.stream.own_failed(self.link)
+
+
+class StreamLink:
+    """A client's stream on a connection of its own, on the loop: the sync first (its
+    replies checked, never relayed), then each request with the session's barrier after it;
+    every message to the client as it comes but the barrier's reply, which says the replies
+    before it are all in (busy() is false again). Reading stops while the client has more
+    than `window` bytes to take."""
+
+    def __init__(self, proxy, stream, window):
+        proxy.lending.opened()
+        self.proxy, self.stream, self.loop = proxy, stream, proxy.loop
+        self.session, self.framing, self.window = stream.session, proxy.framing, window
+        self.sock, failed = start_connect(own_addr(proxy.managed_set))
+        if failed:
+            proxy.lending.closed()
+            raise ManagedError(f"cannot connect: {failed}")
+        self.checking = self.session.sync(None)   # the sync's requests, their replies owed
+        self.out = bytearray(b"".join(self.checking))
+        self.frames = Frames(lambda: self.framing.reply_parser(passing=True))
+        self.barriers = 0      # barriers sent whose replies have not come
+        self.connected = self.closed = self.flushing = False
+        self.watching = 0
+        self.timer = None
+        self.loop.want(self, WRITE)
+
+    def send(self, request, settles=True):
+        """request on the stream; one that settles (a subscription's change) takes the
+        session's barrier along, and the client's admission waits for its reply."""
+        self.out += request
+        if self.connected and not self.flushing:
+            self.loop.flush_soon(self)
+        if not settles:
+            return
+        self.out += self.session.barrier()
+        self.barriers += 1
+        if self.timer is None:
+            self.timer = self.loop.at(self.loop.clock.now() + self.proxy.msg_timeout, self._late)
+        if self.connected and not self.flushing:
+            self.loop.flush_soon(self)
+
+    def _late(self):
+        self.timer = None
+        if self.barriers and not self.closed:
+            self.end("no reply to the pool's barrier within msg_timeout")
+
+    def ready(self, events):
+        if not self.connected:
+            if failed := self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                self.end(f"cannot connect: {os.strerror(failed)}")
+                return
+            self.connected = True
+        if events & READ:
+            self._read()
+        if not self.closed:
+            self.loop.flush_soon(self)
+
+    def flush(self):
+        self.flushing = False
+        if self.closed or not self.connected:
+            return
+        if self.out:
+            try:
+                sent = self.sock.send(self.out)
+            except BlockingIOError:
+                sent = 0
+            except OSError as error:
+                self.end(f"send failed: {error}")
+                return
+            del self.out[:sent]
+        reading = len(self.stream.out) < self.window
+        self.loop.want(self, (READ if reading else 0) | (WRITE if self.out else 0))
+
+    def _read(self):
+        try:
+            data = self.sock.recv(READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.end("the upstream closed the stream")
+            return
+        self.frames.feed(data)
+        try:
+            while not self.closed and (message := self.frames.take()) is not None:
+                self._message(message)
+        except ValueError as error:
+            self.end(f"out of step: {error}")
+
+    def _message(self, message):
+        stream = self.stream
+        if self.checking:
+            request = self.checking.pop(0)
+            if isinstance(message, (Piece, Passed)) or self.framing.synced(request, message):
+                self.end("the connection could not take the client's state")
+            return
+        if isinstance(message, Passed):   # the end of a long one: its bytes went before it
+            return
+        if isinstance(message, Piece) or self.session.pushed(message):
+            idle = not stream.out
+            stream.out += message
+            if idle:
+                stream.writable()
+            return
+        self.barriers -= 1   # the barrier's reply: every reply before it is in
+        if not self.barriers:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            stream.stream_settled(self)
+
+    def end(self, problem):
+        """The upstream ended it (or lied): the client is told, then its connection ends."""
+        if self.closed:
+            return
+        self.close()
+        self.session.lost()
+        self.stream.stream_lost(self, self.framing.error(f"upstream: {problem}"))
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            if self.timer is not None:
+                self.timer.cancel()
+            self.loop.forget(self.sock)
+            self.proxy.lending.closed()
