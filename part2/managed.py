@@ -1,7 +1,7 @@
 """managed: Part two's public names in one place, the reliability layer a production pool
 adds, after Ocamlnet's Rpc_proxy (COMMENTARY.md, sections 12 to 17, tells it).
 
-The modules, in the order the commentary reads them:
+The modules, from the lowest layer up:
 
     part2/clock.py        RealClock, VirtualClock: every deadline is read on one of these
     part2/cache.py        ReliabilityCache, global_rcache(): which upstreams failed lately
@@ -12,6 +12,7 @@ The modules, in the order the commentary reads them:
     part2/client.py       ManagedClient: one connection at a time, remade on demand
     part2/managed_set.py  ManagedSet: clients over services, the pick, the retries
     part2/proxy.py        ManagedProxy: every client connection on the loop
+    part2/lease.py        what the proxy lends a client whose session keeps state
 
 `from part2.managed import ManagedProxy` (or any name below) is how the demo, the
 pictures, the bench and the tests reach them.

@@ -112,7 +112,7 @@ def guarded(redis):
         control.close()
 
 
-@pytest.mark.parametrize("kind", ["framed"])
+@pytest.mark.parametrize("kind", ["framed", "managed"])
 def test_serve_asks_its_clients_its_own_password_and_says_its_own_upstream(guarded, kind):
     passwords = {"POOL_PASSWORD": "client-secret", "UPSTREAM_PASSWORD": "upstream-secret"}
     command, port, _ = started("--upstream", f"127.0.0.1:{guarded.addr[1]}", "--kind", kind,

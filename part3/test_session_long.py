@@ -34,7 +34,7 @@ VALUE = 64 << 20   # bytes: past the pool's window many times over, within Redis
 BLOCK = bytes(range(256)) * 256   # 64 kB: the value is this, over and over
 
 
-def test_a_64_mb_value_set_then_got_through_the_pool_grows_this_process_by_less_than_16_mb(
+def test_a_value_many_windows_long_goes_through_the_pool_and_back_in_bounded_memory(
         redis, control, pool_kind):
     """The client streams too: it writes the value block by block and reads it the same way,
     checking every byte, keeping none."""

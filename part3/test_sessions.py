@@ -108,7 +108,7 @@ def test_redis_cli_speaks_resp3_through_the_pool_and_reads_its_maps(redis, contr
 
 
 @pytest.mark.slow
-def test_redis_cli_pipe_with_100000_commands_has_every_one_acknowledged(redis, control, pool_kind):
+def test_redis_cli_pipe_has_every_one_of_its_many_commands_acknowledged(redis, control, pool_kind):
     need_redis("redis-cli")
     count = 100_000
     commands = b"".join(array("SET", f"pipe:{number}", number) for number in range(count))
