@@ -5,8 +5,8 @@
                      ended; its Pipeline (the runs it owes replies to); the runs waiting
                      to be written; the deadlines it keeps on the loop's clock; end(),
                      the one way it ends, which fails what it owes
-    Deadlines        the deadlines half of Connection (its base): arm(), _check() and
-                     what each deadline that has passed does
+    Deadlines        the deadlines half of Connection (its base): the timer and the
+                     opening deadline it owns, arm(), _check() and what each does
 
 The order a run takes: take() (queued at once when up, else it waits) -> the turn's send
 phase (flush(): one send) -> the upstream's replies, read by the turn (_read(): the
@@ -58,7 +58,18 @@ def start_connect(addr):
 class Deadlines:
     """A connection's deadlines (Connection's, by inheritance): the connect's and the initial
     ping's, each owed run's msg_timeout, the waiting runs', the idle timeout; one timer set
-    for the earliest, and what each does once it has passed."""
+    for the earliest, and what each does once it has passed. It owns the timer and the
+    opening run's deadline; the rest it reads of the connection it is part of."""
+
+    def __init__(self, connect_deadline):
+        self.connect_deadline = connect_deadline   # the opening run's: the connect and the ping
+        self.timer = None                          # the loop's timer for the earliest deadline
+
+    def disarm(self):
+        """No deadline fires any more: the connection has ended."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def arm(self):
         """Set the timer for the earliest deadline kept, unless the one set fires no later."""
@@ -174,20 +185,19 @@ class Connection(Deadlines):
     _tell() and _record_error(), and bumps its counters."""
 
     def __init__(self, client, deadline):
+        super().__init__(deadline)
         self.client, self.loop = client, client.loop
         self.state = "connecting"
         self.sock = None
         fit = client.late_replies != "forget"   # scaffolding: the forgetful client checks nothing
         self.pipeline = Pipeline(client.framing, self._settled, check_fit=fit)
         self.waiting = collections.deque()   # runs placed, not yet queued: connecting, or no room
-        self.connect_deadline = deadline     # the opening run's: the connect and the ping keep it
         self.ping = None
         self.connected = self.ended = False
         self.pending = 0         # requests placed here and not yet settled, abandoned ones included
         self.abandoned = 0       # runs owed whose callers gave up
         self.idle_since = None
         self.replied_now = False   # a reply came in the read being handled
-        self.timer = None
         self.flushing = False    # listed for this turn's send phase
         self.inbox = None        # once connected: what each recv_into() fills (see _read())
         self.watching = 0        # the events the loop watches its socket for (Loop.want())
@@ -374,8 +384,7 @@ class Connection(Deadlines):
             return
         client = self.client
         self.ended, self.state = True, "ended"
-        if self.timer is not None:
-            self.timer.cancel()
+        self.disarm()
         if failure:
             client._record_error()
         if client.connection is self:
