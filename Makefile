@@ -5,11 +5,12 @@
 # make pictures - run the scenarios and redraw pictures/*.svg from what they recorded (Part three's need redis-server)
 # make lint   - ruff (ruff.toml): unused and undefined names, syntax, the lesson's line length
 # make wild   - redis-py's cancelled-reply leak with the real library, 4.5.1 against 4.5.5 and 8.1.0
+# make redis-py-tests - redis-py's own command tests through each Redis pool (minutes)
 PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: demo race managed part3 wild wild-venvs wild-table redis-server test lint check golden pictures bench bench-quick bench-part3 bench-redis bench-tools soak clean
+.PHONY: demo race managed part3 wild wild-venvs wild-table redis-py-tests redis-server test lint check golden pictures bench bench-quick bench-part3 bench-redis bench-tools soak clean
 
 demo:
 	$(PYTHON) demo.py
@@ -44,6 +45,17 @@ wild: wild-venvs redis-server
 # Not in the suite: one venv per redis-py release tried (in .venv-wild-table/), minutes.
 wild-table: redis-server
 	$(PYTHON) -m part3.wild.table
+
+# Not in the suite: redis-py's own command tests (from its source distribution) through
+# each Redis pool, in a venv of their own (bench/redis_py_tests.py), minutes.
+.venv-redis-py-tests/bin/python: bench/requirements-redis-py-tests.txt
+	@{ $(PYTHON) -m venv .venv-redis-py-tests && \
+	   .venv-redis-py-tests/bin/python -m pip install --quiet --disable-pip-version-check -r $< && \
+	   touch $@; } || { rm -rf .venv-redis-py-tests; \
+	   echo "make: could not install $< into .venv-redis-py-tests (is the package index reachable?)"; }
+
+redis-py-tests: .venv-redis-py-tests/bin/python redis-server
+	$(PYTHON) -m bench.redis_py_tests
 
 # Part three needs a real redis-server on PATH, and its tests drive it with real clients,
 # redis-cli and redis-benchmark (Debian's redis-tools): `make test` installs both packages

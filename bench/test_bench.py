@@ -395,3 +395,13 @@ def test_a_servers_usage_counts_the_cpu_of_its_other_worker_processes():
         worker.kill()
         worker.wait()
         worker.stdout.close()
+
+
+def test_redis_py_tests_read_pytests_summary_and_allow_every_server_wide_command_but_shutdown():
+    from bench import redis_py_tests
+    summary = "13 failed, 421 passed, 224 skipped, 1 xfailed, 671 warnings, 2 errors in 56.96s"
+    assert redis_py_tests.counts(summary) == {"failed": 13, "passed": 421, "skipped": 224,
+                                              "error": 2}
+    allowed = redis_py_tests.server_wide()
+    assert "SHUTDOWN" not in allowed and {"FLUSHALL", "CONFIG SET", "CLIENT KILL"} <= set(allowed)
+    assert "SELECT" not in allowed and "REPLCONF" not in allowed   # replayed; never passed
