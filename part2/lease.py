@@ -234,13 +234,14 @@ class StreamLink:
         self.timer = None
         self.loop.want(self, WRITE)
 
-    def send(self, request, settles=True):
-        """request on the stream; one that settles (a subscription's change) takes the
-        session's barrier along, and the client's admission waits for its reply."""
+    def send(self, request, barrier=True):
+        """request on the stream; with a barrier, the session's goes after it and the client's
+        admission waits for its reply: a subscription's change is counted, and whatever the
+        pool answers next is written after this request's reply."""
         self.out += request
         if self.connected and not self.flushing:
             self.loop.flush_soon(self)
-        if not settles:
+        if not barrier:
             return
         self.out += self.session.barrier()
         self.barriers += 1

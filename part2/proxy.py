@@ -262,8 +262,11 @@ class ProxyClient(ClientStream):
             if session.streams:
                 if self.link is None:
                     self.link = StreamLink(self.proxy, self, WINDOW)
-                self.link.send(request, session.settles)
-                if not session.settles:   # no barrier to wait for (MONITOR): admission goes on
+                # a barrier after each request, so what the pool answers next comes after its
+                # reply; but not in MONITOR's stream, which would show the barrier's PING
+                barrier = session.settles or not session.monitoring
+                self.link.send(request, barrier)
+                if not barrier:   # admission goes on
                     self.idle()
                 return True
             if session.lease == HELD:
