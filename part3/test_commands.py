@@ -16,9 +16,9 @@ import types
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import need_redis
 from part2.managed import ManagedProxy
-from part3 import commands, lending
+from part3 import commands, conftest, lending
+from part3.conftest import array
 from part3.resp import RESP, Overlong, Resp, words
 from part3 import redis_server
 from tcp_proxy import FramedProxy
@@ -33,13 +33,6 @@ BLOCKS = "holds the connection for as long as it waits; a pool cannot lend it"
 LACKS = "is not in the pool's command table, so the pool cannot tell what answers it"
 
 
-def array(*items):
-    """A request as every client library writes it: an array of bulk strings."""
-    items = [item if isinstance(item, bytes) else str(item).encode() for item in items]
-    elements = b"".join(b"$%d\r\n%s\r\n" % (len(item), item) for item in items)
-    return b"*%d\r\n" % len(items) + elements
-
-
 def refused(reason):
     return b"-ERR tcp-proxy: %s\r\n" % reason.encode()
 
@@ -48,18 +41,11 @@ def reader_of(sock):
     return types.SimpleNamespace(sock=sock, unread=b"")   # what redis_server.read_resp() reads from
 
 
-class Client:
-    """One client connection: send() requests, read() whole RESP replies."""
+class Client(conftest.Client):
+    """The shared raw client, waiting TIMEOUT for a reply, that can also hear silence."""
 
     def __init__(self, addr, timeout=TIMEOUT):
-        self.sock = socket.create_connection(addr, timeout=timeout)
-        self.unread = b""   # what redis_server.read_resp() keeps between replies
-
-    def send(self, *requests):
-        self.sock.sendall(b"".join(requests))
-
-    def read(self):
-        return redis_server.read_resp(self)
+        super().__init__(addr, timeout)
 
     def read_or_silence(self):
         """A whole reply, or "silence" if none comes within the client's timeout."""
@@ -67,27 +53,6 @@ class Client:
             return self.read()
         except TimeoutError:
             return "silence"
-
-    def ask(self, *requests):
-        self.send(*requests)
-        return [self.read() for _ in requests]
-
-    def close(self):
-        self.sock.close()
-
-
-@pytest.fixture(scope="module")
-def redis():
-    need_redis()
-    with redis_server.RedisServer() as server:
-        yield server
-
-
-@pytest.fixture
-def control(redis):
-    connection = redis_server.RedisControl(redis.addr)
-    yield connection
-    connection.close()
 
 
 def set_up(control, *lines):

@@ -39,21 +39,6 @@ def reader_of(sock):
     return types.SimpleNamespace(sock=sock, unread=b"")   # what redis_server.read_resp() reads from
 
 
-@pytest.fixture(scope="module")
-def redis():
-    """One private redis-server for this module's tests."""
-    need_redis()
-    with redis_server.RedisServer() as server:
-        yield server
-
-
-@pytest.fixture
-def control(redis):
-    connection = redis_server.RedisControl(redis.addr)
-    yield connection
-    connection.close()
-
-
 def framed_pool(redis, **options):
     return FramedProxy(redis.addr, framing=RESP, **options)
 

@@ -14,12 +14,15 @@ from tcp_proxy import FramedProxy
 
 # --- a checkout is a state sync -------------------------------------------------------------
 
+@pytest.mark.parametrize("pool_kind", POOL_KINDS)
 def test_a_checkout_brings_the_one_connection_to_each_clients_protocol_and_database(
-        redis, control, clients):
-    """Three clients, three states, one pooled connection: each request goes on it after
-    the HELLO and SELECT that bring it to its client's state, in the same write."""
+        redis, control, clients, pool_kind):
+    """Three clients, three states, one connection: each request goes on it after the HELLO
+    and SELECT that bring it to its client's state, in the same write (FramedProxy's
+    checkout; ManagedProxy's pipeline, which keeps the state its queue leaves the connection
+    in, on the one connection every client shares)."""
     control.command("CONFIG RESETSTAT")
-    with FramedProxy(redis.addr, framing=RESP, pool_cap=1) as proxy:
+    with make_pool(pool_kind, redis, pool_cap=1) as proxy:
         resp3, db2, plain = clients(proxy.addr, 3)
         assert resp3.ask("HELLO 3")[0].startswith(b"%7\r\n")
         assert db2.ask("SELECT 2") == [b"+OK\r\n"]
@@ -28,7 +31,9 @@ def test_a_checkout_brings_the_one_connection_to_each_clients_protocol_and_datab
                                                               b"%1\r\n$1\r\nf\r\n$5\r\nthree\r\n"]
             assert db2.ask("HSET h f two", "HGETALL h")[1] == b"*2\r\n$1\r\nf\r\n$3\r\ntwo\r\n"
             assert plain.ask("HGETALL h") == [b"*2\r\n$1\r\nf\r\n$5\r\nthree\r\n"]
-        assert proxy.opened == 1
+        assert len(server_clients(control)) == 1
+        if pool_kind == "FramedProxy":   # its pool's counter
+            assert proxy.opened == 1
     stats = control.command("INFO commandstats").decode()
     assert re.search(r"cmdstat_hello:calls=(\d+)", stats)[1] == "5"    # facts() once, 4 syncs
     assert re.search(r"cmdstat_select:calls=(\d+)", stats)[1] == "4"   # to 2 and back, twice
@@ -62,27 +67,6 @@ def test_two_clients_in_different_databases_overlapping_transactions_and_a_subsc
         assert listener.read() == b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$5\r\nhello\r\n"
         assert one.ask("GET k", "SELECT 0", "GET k") == [b"$3\r\none\r\n", b"+OK\r\n", b"_\r\n"]
     assert control.command("GET k") == b"$-1\r\n"
-
-
-def test_managed_clients_of_three_states_share_its_one_pipelined_connection_each_in_its_own(
-        redis, control, clients):
-    """ManagedProxy's pipeline keeps the state its queue leaves the connection in, and syncs
-    it before an entry of a client whose state differs: the same HELLO and SELECT a checkout
-    costs FramedProxy, on the one connection every client shares."""
-    control.command("CONFIG RESETSTAT")
-    with ManagedProxy([(redis.addr, 1)], framing=RESP) as proxy:
-        resp3, db2, plain = clients(proxy.addr, 3)
-        assert resp3.ask("HELLO 3")[0].startswith(b"%7\r\n")
-        assert db2.ask("SELECT 2") == [b"+OK\r\n"]
-        for _ in range(2):
-            assert resp3.ask("HSET h f three", "HGETALL h") == [b":0\r\n" if _ else b":1\r\n",
-                                                              b"%1\r\n$1\r\nf\r\n$5\r\nthree\r\n"]
-            assert db2.ask("HSET h f two", "HGETALL h")[1] == b"*2\r\n$1\r\nf\r\n$3\r\ntwo\r\n"
-            assert plain.ask("HGETALL h") == [b"*2\r\n$1\r\nf\r\n$5\r\nthree\r\n"]
-        assert len(server_clients(control)) == 1
-    stats = control.command("INFO commandstats").decode()
-    assert re.search(r"cmdstat_hello:calls=(\d+)", stats)[1] == "5"    # facts() once, 4 syncs
-    assert re.search(r"cmdstat_select:calls=(\d+)", stats)[1] == "4"   # to 2 and back, twice
 
 
 def test_a_managed_transaction_goes_on_a_connection_of_its_own_closed_at_exec(
