@@ -157,11 +157,16 @@ def test_a_client_that_never_reads_is_not_read_once_its_replies_pile_up_and_the_
             while True:
                 flooder.sendall(request * 64)
         assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
-        (stream,) = [client for client in list(proxy.clients)
-                     if client.sock.getpeername() == flooder.getsockname()]
+        # read on the loop's thread, where a client leaves the set in the turn that closes it
+        reading, owed, out = proxy.loop.ask(state_of_the_client_at, proxy, flooder.getsockname())
         past = proxies.CLIENT_READ // len(request) + 1   # requests a read may bring past the bound
-        assert not stream.reading and stream.owed <= proxies.OWED_MAX + past
-        assert len(stream.out) <= proxies.OUT_HIGH + (proxies.OWED_MAX + past) * len(reply)
+        assert not reading and owed <= proxies.OWED_MAX + past
+        assert out <= proxies.OUT_HIGH + (proxies.OWED_MAX + past) * len(reply)
+
+
+def state_of_the_client_at(proxy, address):
+    (client,) = [client for client in proxy.clients if client.sock.getpeername() == address]
+    return client.reading, client.owed, len(client.out)
 
 
 def test_close_answers_what_is_owed_with_an_error_and_closes_every_socket():
