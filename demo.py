@@ -259,11 +259,15 @@ def release_received(release, split):
     def until_borrower_decides(reply_number):
         # The rest of the reply waits for the borrower's verdict on the first part:
         # framed goes back for more, timeout checks the connection in. A real upstream
-        # pauses for a while; this one pauses exactly until that event, so no
-        # scheduling delay can change the outcome.
+        # pauses for a while; this one pauses exactly until that event. Under the
+        # timeout rule it also waits for the next borrower's request, so the rest and
+        # the next reply's head are written back to back, well within the silence the
+        # rule waits for: no scheduling delay can change the outcome.
         proxy.wait_until(lambda: proxy.partial_replies >= reply_number
                          or proxy.released >= reply_number,
                          f"the borrower's decision on reply {reply_number}")
+        if release == "timeout" and reply_number < len(crowd):
+            upstream.wait_requests(reply_number + 1)
 
     with contextlib.ExitStack() as stack:
         upstream = stack.enter_context(
