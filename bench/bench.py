@@ -1,11 +1,13 @@
 """bench.bench: the times the demo cannot print, measured on this machine's loopback.
 
     python3 -m bench                 every section, about twelve minutes
-    python3 -m bench --quick         fewer and shorter repetitions, 1,000 clients only: about two minutes
+    python3 -m bench --quick         fewer and shorter repetitions, 1,000 clients only: about two
+                                     minutes
     python3 -m bench --only scale    one section (or several, comma-separated)
     python3 -m bench --only redis    redis-benchmark through the project's relays and the real ones
     python3 -m bench --json FILE     also write every raw figure to FILE
-    python3 -m bench --profile       with redis: also profile the Python relays under redis-benchmark
+    python3 -m bench --profile       with redis: also profile the Python relays under
+                                     redis-benchmark
     python3 -m bench --perf          also count the futex() calls of each alternative (perf, Linux)
 
 The bench in reading order:
@@ -33,7 +35,8 @@ import time
 
 from bench import cited, mechanisms, redis_peers
 from bench.cited import CLIENT_COUNTS
-from bench.machinery import low_high, one_line, progress, raise_open_file_limit, ratio, spread, table
+from bench.machinery import (low_high, one_line, progress, raise_open_file_limit, ratio, spread,
+                             table)
 from bench.mechanisms import SCALE_CLIENTS, SCALE_POOL_CAP
 
 # --- the targets set for the bench ----------------------------------------------------
@@ -42,8 +45,10 @@ def targets(results):
     """Each target with the figure measured and whether it was reached, for the
     sections that finished."""
     found = []
-    rows = {(row["relay"], row["clients"]): row for row in (results.get("overhead") or {}).get("rows", [])}
-    comparisons = [("PassthroughProxy", "socat", client_count, 0.9) for client_count in CLIENT_COUNTS]
+    rows = {(row["relay"], row["clients"]): row
+            for row in (results.get("overhead") or {}).get("rows", [])}
+    comparisons = [("PassthroughProxy", "socat", client_count, 0.9)
+                   for client_count in CLIENT_COUNTS]
     comparisons.append((f"FramedProxy cap {SCALE_POOL_CAP}", "PassthroughProxy", 8, 0.75))
     for name, other, client_count, least in comparisons:
         if (name, client_count) not in rows or (other, client_count) not in rows:
@@ -51,12 +56,14 @@ def targets(results):
         mine, theirs = rows[(name, client_count)]["runs"], rows[(other, client_count)]["runs"]
         figures = spread([ratio(a["rate"], b["rate"]) for a, b in zip(mine, theirs)])
         found.append((f"{name} >= {least}x {other}, {client_count} client(s)",
-                      f"{figures['median']:.2f}x ({low_high(figures, '{:.2f}')})", figures["median"] >= least))
+                      f"{figures['median']:.2f}x ({low_high(figures, '{:.2f}')})",
+                      figures["median"] >= least))
     for row in (results.get("head_of_line") or {}).get("rows", []):
         found.append((f"head-of-line cap {row['pool_cap']} within max(3 ms, 10%) of "
                       f"{row['predicted_ms']:.0f} ms", f"{row['wall_ms']['median']:.1f} ms",
                       row["within_target"]))
-    scale_rows = {(row["relay"], row["clients"]): row for row in (results.get("scale") or {}).get("rows", [])}
+    scale_rows = {(row["relay"], row["clients"]): row
+                  for row in (results.get("scale") or {}).get("rows", [])}
     for (relay, client_count), row in scale_rows.items():
         unpinned = scale_rows.get((f"{relay}, not pinned", client_count))
         if unpinned and client_count == 1000:
@@ -81,29 +88,36 @@ def targets(results):
 
 def render_targets(results):
     return table("The targets set for the bench", ["target", "measured", "reached"],
-                 [[name, figure, "yes" if reached else "NO"] for name, figure, reached in targets(results)])
+                 [[name, figure, "yes" if reached else "NO"]
+                  for name, figure, reached in targets(results)])
 
 
 def parse_arguments(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
-                        help="3 short repetitions, and 1,000 clients only: under a minute on a busy machine")
+                        help="3 short repetitions, and 1,000 clients only: "
+                             "under a minute on a busy machine")
     parser.add_argument("--json", metavar="FILE", help="write every raw figure to FILE")
     parser.add_argument("--profile", action="store_true",
-                        help="with redis: also profile PassthroughProxy and ManagedProxy(RESP) under "
-                             "redis-benchmark (cProfile, every thread)")
+                        help="with redis: also profile PassthroughProxy and ManagedProxy(RESP) "
+                             "under redis-benchmark (cProfile, every thread)")
     parser.add_argument("--perf", action="store_true",
-                        help="alternatives: count each Python relay's futex() calls with `perf stat` (Linux, root)")
+                        help="alternatives: count each Python relay's futex() calls "
+                             "with `perf stat` (Linux, root)")
     parser.add_argument("--only", metavar="SECTIONS",
-                        help="comma-separated sections to run (default all): " + ", ".join(SECTION_NAMES)
+                        help="comma-separated sections to run (default all): "
+                             + ", ".join(SECTION_NAMES)
                              + "; also redis_profile (what --profile adds)")
-    parser.add_argument("--repetitions", type=int, help="repetitions per comparison (default 5, quick 3)")
-    parser.add_argument("--seconds", type=float, help="seconds per comparison measurement (default 1, quick 0.1)")
+    parser.add_argument("--repetitions", type=int,
+                        help="repetitions per comparison (default 5, quick 3)")
+    parser.add_argument("--seconds", type=float,
+                        help="seconds per comparison measurement (default 1, quick 0.1)")
     return parser.parse_args(argv)
 
 
-SECTION_NAMES = ("overhead", "alternatives", "nagle", "head_of_line", "scale", "pipelining", "redis")
+SECTION_NAMES = ("overhead", "alternatives", "nagle", "head_of_line", "scale", "pipelining",
+                 "redis")
 
 
 def sections(arguments, notes):
@@ -113,15 +127,18 @@ def sections(arguments, notes):
     chosen = arguments.only.split(",") if arguments.only else list(SECTION_NAMES)
     every = {
         "overhead": (lambda: cited.overhead(repetitions, seconds, notes), cited.render_overhead),
-        "alternatives": (lambda: mechanisms.alternatives(repetitions, seconds, mechanisms.ALTERNATIVE_CLIENTS, notes,
+        "alternatives": (lambda: mechanisms.alternatives(repetitions, seconds,
+                                                         mechanisms.ALTERNATIVE_CLIENTS, notes,
                                                          count_futexes=arguments.perf),
                          mechanisms.render_alternatives),
         "nagle": (lambda: cited.nagle(count=5 if arguments.quick else 20), cited.render_nagle),
         "head_of_line": (lambda: cited.head_of_line(repetitions), cited.render_head_of_line),
-        "scale": (lambda: mechanisms.scale(SCALE_CLIENTS[:1] if arguments.quick else SCALE_CLIENTS, notes),
+        "scale": (lambda: mechanisms.scale(SCALE_CLIENTS[:1] if arguments.quick else SCALE_CLIENTS,
+                                           notes),
                   mechanisms.render_scale),
         "pipelining": (lambda: cited.pipelining(repetitions, notes), cited.render_pipelining),
-        "redis": (lambda: redis_peers.redis_peers(arguments.repetitions or (1 if arguments.quick else 3), notes,
+        "redis": (lambda: redis_peers.redis_peers(arguments.repetitions
+                                                  or (1 if arguments.quick else 3), notes,
                                                   run_seconds=0.3 if arguments.quick else 1.0),
                   redis_peers.render_redis),
     }
@@ -137,7 +154,8 @@ def main(argv=None):
     started = time.perf_counter()
     results = {"cores": os.cpu_count(), "python": platform.python_version(),
                "load_average": os.getloadavg()[0],   # other work on the machine skews every figure
-               "command": " ".join(["python3", "-m", "bench", *(argv if argv is not None else sys.argv[1:])]),
+               "command": " ".join(["python3", "-m", "bench",
+                                    *(argv if argv is not None else sys.argv[1:])]),
                "failed": {}}
     print(f"bench.py on {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{platform.system()} {platform.release()}, load average {results['load_average']:.1f} "

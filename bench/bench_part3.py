@@ -60,7 +60,8 @@ def tagged(slow, fast):
         threads[0].start()
         client.wait_sent(1)   # the slow request is on the wire first, as in order
         for number in range(fast):
-            threads.append(threading.Thread(target=timed_call, args=(number, b"GET fast%d\n" % number)))
+            threads.append(threading.Thread(target=timed_call,
+                                            args=(number, b"GET fast%d\n" % number)))
             threads[-1].start()
         for thread in threads:
             thread.join()
@@ -68,7 +69,8 @@ def tagged(slow, fast):
 
 
 def head_of_line(slow=0.2, fast=20, trials=5):
-    """Median over trials of each figure: {"in order": (slow, fast median, fast max), "tagged": ...}."""
+    """Median over trials of each figure:
+    {"in order": (slow, fast median, fast max), "tagged": ...}."""
     figures = {}
     for name, run in (("in order", in_order), ("tagged", tagged)):
         rows = []
@@ -81,7 +83,8 @@ def head_of_line(slow=0.2, fast=20, trials=5):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--slow", type=float, default=0.2, help="the slow key's delay, seconds (0.2)")
+    parser.add_argument("--slow", type=float, default=0.2,
+                        help="the slow key's delay, seconds (0.2)")
     parser.add_argument("--fast", type=int, default=20, help="fast requests behind it (20)")
     parser.add_argument("--trials", type=int, default=5, help="trials per row; medians shown (5)")
     options = parser.parse_args(argv)
@@ -89,8 +92,10 @@ def main(argv=None):
     print(f"One connection: GET slow ({slow_ms:.0f} ms), then {options.fast} fast GETs behind it; "
           f"medians of {options.trials} trials.")
     print(f"Prediction: in order, every fast reply waits about {slow_ms:.0f} ms (never less);")
-    print("            tagged, a fast reply waits for nothing but a round trip and thread hand-offs")
-    print(f"            (milliseconds, far below {slow_ms:.0f}); the slow reply takes {slow_ms:.0f} ms both ways.")
+    print("            tagged, a fast reply waits for nothing but a round trip "
+          "and thread hand-offs")
+    print(f"            (milliseconds, far below {slow_ms:.0f}); "
+          f"the slow reply takes {slow_ms:.0f} ms both ways.")
     figures = head_of_line(options.slow, options.fast, options.trials)
     print("              slow reply   fast replies: median   max")
     for name, (slow_latency, fast_median, fast_max) in figures.items():

@@ -26,9 +26,9 @@ import time
 
 from tcp_proxy import PassthroughProxy, answer
 
-from bench.machinery import (START_TIMEOUT, ExternalRelay, ServiceProcess, close_clients, compare_relays,
-                             connect_clients, exchange_rounds, low_high, render_comparison, spread, table,
-                             tool_path)
+from bench.machinery import (START_TIMEOUT, ExternalRelay, ServiceProcess, close_clients,
+                             compare_relays, connect_clients, exchange_rounds, low_high,
+                             render_comparison, spread, table, tool_path)
 
 CLIENT_COUNTS = (1, 8, 64)         # overhead: clients at once
 POOL_CAPS = (1, 8)                 # overhead: FramedProxy's caps
@@ -60,7 +60,8 @@ def start_relays(upstream_addr, notes, stack):
         if tool_path(tool):
             relays[tool] = stack.enter_context(ExternalRelay(tool, upstream_addr))
         else:
-            notes.append(f"{tool}: skipped, not installed (`make bench-tools` installs socat and haproxy)")
+            notes.append(f"{tool}: skipped, not installed "
+                         "(`make bench-tools` installs socat and haproxy)")
     return relays
 
 
@@ -167,8 +168,9 @@ def pipelining(repetitions, notes):
 
 def render_overhead(section):
     return render_comparison(
-        f"Overhead: round trips through each relay to the lean upstream, median of {section['repetitions']} "
-        f"repetitions of {section['seconds_each']} s; ratios from the same repetition; CPU per request "
+        f"Overhead: round trips through each relay to the lean upstream, "
+        f"median of {section['repetitions']} repetitions of {section['seconds_each']} s; "
+        f"ratios from the same repetition; CPU per request "
         f"of the relay's process (and of the upstream's)", section)
 
 
@@ -184,8 +186,8 @@ def render_head_of_line(section):
     return table(
         f"Head-of-line: {HEAD_OF_LINE_CLIENTS} clients at once, upstream delays each reply "
         f"{section['reply_delay_ms']:.0f} ms, median of {section['repetitions']} bursts",
-        ["pool cap C", "predicted ceil(N/C)*D ms", "measured ms", "range ms", "excess ms", "within target",
-         "wrong"],
+        ["pool cap C", "predicted ceil(N/C)*D ms", "measured ms", "range ms", "excess ms",
+         "within target", "wrong"],
         [[row["pool_cap"], f"{row['predicted_ms']:.0f}", f"{row['wall_ms']['median']:.1f}",
           low_high(row["wall_ms"], "{:.1f}"), f"{row['excess_ms']:+.1f}",
           "yes" if row["within_target"] else "no", row["wrong"]] for row in section["rows"]])
@@ -193,10 +195,12 @@ def render_head_of_line(section):
 
 def render_pipelining(section):
     return table(
-        f"Pipelining vs pooling (Part two's ManagedProxy): {HEAD_OF_LINE_CLIENTS} clients at once; a slow "
-        f"upstream spends {section['reply_delay_ms']:.0f} ms on each reply in turn, a distant one answers each "
-        f"{section['reply_delay_ms']:.0f} ms after it arrived; median of {section['repetitions']} bursts",
+        f"Pipelining vs pooling (Part two's ManagedProxy): {HEAD_OF_LINE_CLIENTS} clients at once; "
+        f"a slow upstream spends {section['reply_delay_ms']:.0f} ms on each reply in turn, "
+        f"a distant one answers each {section['reply_delay_ms']:.0f} ms after it arrived; "
+        f"median of {section['repetitions']} bursts",
         ["upstream", "relay", "wall ms", "range ms", "p50 ms", "wrong"],
-        [[row["upstream"], row["relay"], f"{row['wall_ms']['median']:.1f}", low_high(row["wall_ms"], "{:.1f}"),
-          f"{row['p50_ms']:.1f}", row["wrong"]] for row in section["rows"]], left_columns=2)
+        [[row["upstream"], row["relay"], f"{row['wall_ms']['median']:.1f}",
+          low_high(row["wall_ms"], "{:.1f}"), f"{row['p50_ms']:.1f}", row["wrong"]]
+         for row in section["rows"]], left_columns=2)
 

@@ -50,8 +50,8 @@ import tempfile
 import threading
 import time
 
-from tcp_proxy import (MAX_LINE, FramedProxy, LineTooLong, PassthroughProxy, Server, Upstream, answer,
-                       read_lines, recv)
+from tcp_proxy import (MAX_LINE, FramedProxy, LineTooLong, PassthroughProxy, Server, Upstream,
+                       answer, read_lines, recv)
 
 from bench import placement
 from part2 import managed
@@ -242,7 +242,8 @@ def serve_in_child(kind, upstream_addr, options, pipe):
     """A child process's whole life: serve, report the address, answer
     ("wait", counter, n, timeout) messages until "stop", then send back what the process used."""
     raise_open_file_limit()
-    if kind == "pinned-passthrough":   # every thread inherits the affinity of the one that starts it
+    # every thread inherits the affinity of the one that starts it
+    if kind == "pinned-passthrough":
         os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     server = build_server(kind, upstream_addr, options)
     threads = PeakThreads()
@@ -381,14 +382,16 @@ class ExternalRelay(Running):
         self.cpu_at_start = None
         self.directory = None
         if tool == "socat":   # fork: a process per connection; nodelay on both sides
-            argv = ["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr,nodelay,backlog=1024",
+            argv = ["socat",
+                    f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr,nodelay,backlog=1024",
                     f"TCP:127.0.0.1:{upstream_port},nodelay"]
         elif tool == "haproxy":
-            config = self.write_config("haproxy.cfg", HAPROXY_CONFIG.format(port=port, upstream_port=upstream_port))
+            config = self.write_config(
+                "haproxy.cfg", HAPROXY_CONFIG.format(port=port, upstream_port=upstream_port))
             argv = ["haproxy", "-db", "-f", config]
         elif tool == "nutcracker":   # in the foreground unless -d; its stats on a port of its own
-            config = self.write_config("nutcracker.yml",
-                                       NUTCRACKER_CONFIG.format(port=port, upstream_port=upstream_port))
+            config = self.write_config(
+                "nutcracker.yml", NUTCRACKER_CONFIG.format(port=port, upstream_port=upstream_port))
             argv = ["nutcracker", "-c", config, "-s", str(free_port()), "-a", "127.0.0.1",
                     "-o", os.path.join(self.directory.name, "nutcracker.log")]
         else:
@@ -426,8 +429,9 @@ class ExternalRelay(Running):
                 fields = stat.read().rsplit(")", 1)[1].split()   # from field 3 on
         except OSError:
             return None
+        # fields 14-17
         user, system, children_user, children_system = (int(ticks) / os.sysconf("SC_CLK_TCK")
-                                                         for ticks in fields[11:15])   # fields 14-17
+                                                         for ticks in fields[11:15])
         return user + children_user, system + children_system
 
     def _wait_for_children(self):
@@ -616,7 +620,8 @@ class FutexCalls:
         self.pid, self.count, self.perf = pid, None, None
 
     def __enter__(self):
-        self.perf = subprocess.Popen(["perf", "stat", "-x,", "-e", "syscalls:sys_enter_futex", "-p", str(self.pid)],
+        self.perf = subprocess.Popen(["perf", "stat", "-x,", "-e", "syscalls:sys_enter_futex",
+                                      "-p", str(self.pid)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(0.2)   # perf attaches to the process's threads
         return self
@@ -633,7 +638,8 @@ def measured_with_usage(addr, client_count, seconds, processes, count_futexes=Fa
     for each process its CPU microseconds (user, system) and context switches
     per answered request while it ran (and the last process's futex calls)."""
     before = [process.usage() for process in processes]
-    with FutexCalls(processes[-1].process.pid) if count_futexes else contextlib.nullcontext() as futexes:
+    with (FutexCalls(processes[-1].process.pid) if count_futexes
+          else contextlib.nullcontext()) as futexes:
         measured = throughput(addr, client_count, seconds)
     after = [process.usage() for process in processes]
     answered = max(measured.answered, 1)
@@ -641,10 +647,13 @@ def measured_with_usage(addr, client_count, seconds, processes, count_futexes=Fa
     for start, end in zip(before, after):
         user, system = end["user"] - start["user"], end["system"] - start["system"]
         switches = None if end["voluntary"] is None else (
-            end["voluntary"] + end["involuntary"] - start["voluntary"] - start["involuntary"]) / answered
-        per_request.append({"cpu_us": (user + system) / answered * 1e6, "user_us": user / answered * 1e6,
+            end["voluntary"] + end["involuntary"]
+            - start["voluntary"] - start["involuntary"]) / answered
+        per_request.append({"cpu_us": (user + system) / answered * 1e6,
+                            "user_us": user / answered * 1e6,
                             "system_us": system / answered * 1e6, "switches": switches})
-    per_request[-1]["futexes"] = futexes.count / answered if futexes and futexes.count is not None else None
+    per_request[-1]["futexes"] = (futexes.count / answered
+                                  if futexes and futexes.count is not None else None)
     return measured, per_request
 
 
@@ -667,7 +676,8 @@ def compare_relays(relays, upstream, client_counts, repetitions, seconds, count_
                     count_futexes and isinstance(relay, ServiceProcess))
                 samples.setdefault((name, client_count), []).append({
                     "rate": measured.rate, "answered": measured.answered,
-                    "p50_us": measured.percentile(0.50) * 1e6, "p99_us": measured.percentile(0.99) * 1e6,
+                    "p50_us": measured.percentile(0.50) * 1e6,
+                    "p99_us": measured.percentile(0.99) * 1e6,
                     "wrong": measured.wrong + measured.unanswered,
                     "upstream_cpu_us": usage[0]["cpu_us"],
                     "relay": usage[1] if relay else None})
@@ -681,14 +691,19 @@ def compare_relays(relays, upstream, client_counts, repetitions, seconds, count_
         rows.append({
             "relay": name, "clients": client_count, "runs": runs,
             "rate": spread([run["rate"] for run in runs]),
-            "x_direct": spread([ratio(run["rate"], other["rate"]) for run, other in zip(runs, direct)]),
-            "x_socat": socat and spread([ratio(run["rate"], other["rate"]) for run, other in zip(runs, socat)]),
+            "x_direct": spread([ratio(run["rate"], other["rate"])
+                                for run, other in zip(runs, direct)]),
+            "x_socat": socat and spread([ratio(run["rate"], other["rate"])
+                                         for run, other in zip(runs, socat)]),
             "p50_us": statistics.median(run["p50_us"] for run in runs),
             "p99_us": statistics.median(run["p99_us"] for run in runs),
             "upstream_cpu_us": statistics.median(run["upstream_cpu_us"] for run in runs),
-            "relay_cpu_us": relay_usage and statistics.median(usage["cpu_us"] for usage in relay_usage),
-            "relay_user_us": relay_usage and statistics.median(usage["user_us"] for usage in relay_usage),
-            "relay_system_us": relay_usage and statistics.median(usage["system_us"] for usage in relay_usage),
+            "relay_cpu_us": relay_usage and statistics.median(usage["cpu_us"]
+                                                              for usage in relay_usage),
+            "relay_user_us": relay_usage and statistics.median(usage["user_us"]
+                                                               for usage in relay_usage),
+            "relay_system_us": relay_usage and statistics.median(usage["system_us"]
+                                                                 for usage in relay_usage),
             "switches": switches and statistics.median(switches),
             "futexes": futexes and statistics.median(futexes),
             "wrong": sum(run["wrong"] for run in runs)})
@@ -699,7 +714,8 @@ def compare_relays(relays, upstream, client_counts, repetitions, seconds, count_
 # --- output -----------------------------------------------------------------------
 
 def table(title, columns, rows, left_columns=1):
-    """A fixed-width text table: names (the first left_columns) to the left, figures to the right."""
+    """A fixed-width text table: names (the first left_columns) to the left, figures to the
+    right."""
     cells = [columns] + [[str(value) for value in row] for row in rows]
     widths = [max(len(row[index]) for row in cells) for index in range(len(columns))]
 
@@ -731,13 +747,15 @@ def render_comparison(title, section, left_columns=2):
     return table(
         title,
         ["relay", "clients", "req/s", "x direct", "x socat (range)", "p50 us", "p99 us",
-         "relay CPU us/req", "user", "system", "switches/req", "futex/req", "upstream CPU us/req", "wrong"],
+         "relay CPU us/req", "user", "system", "switches/req", "futex/req", "upstream CPU us/req",
+         "wrong"],
         [[row["relay"], row["clients"], f"{row['rate']['median']:.0f}",
           f"{row['x_direct']['median']:.2f}", ratio_cell(row["x_socat"]),
           f"{row['p50_us']:.0f}", f"{row['p99_us']:.0f}", cpu_cell(row["relay_cpu_us"]),
           cpu_cell(row["relay_user_us"]), cpu_cell(row["relay_system_us"]),
           f"{row['switches']:.1f}" if row["switches"] else "-",
-          f"{row['futexes']:.2f}" if row.get("futexes") else "-", f"{row['upstream_cpu_us']:.0f}", row["wrong"]]
+          f"{row['futexes']:.2f}" if row.get("futexes") else "-",
+          f"{row['upstream_cpu_us']:.0f}", row["wrong"]]
          for row in sorted(section["rows"], key=lambda row: row["clients"])],
         left_columns)
 

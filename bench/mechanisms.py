@@ -24,9 +24,9 @@ import time
 
 from tcp_proxy import PassthroughProxy, recv, shutdown
 
-from bench.machinery import (STOP_TIMEOUT, ExternalRelay, ServiceProcess, close_clients, compare_relays,
-                             connect_clients, exchange_rounds, one_line, progress, render_comparison, table,
-                             tool_path)
+from bench.machinery import (STOP_TIMEOUT, ExternalRelay, ServiceProcess, close_clients,
+                             compare_relays, connect_clients, exchange_rounds, one_line, progress,
+                             render_comparison, table, tool_path)
 
 ALTERNATIVE_CLIENTS = (8, 64)      # alternatives: clients at once
 SCALE_CLIENTS = (1000, 5000)       # scale: clients at once (--quick: the first only)
@@ -115,7 +115,8 @@ ALTERNATIVES = (("PassthroughProxy as it is (one CPU)", "passthrough", {}),
                 ("one selector thread for all bytes", OneThreadPassthroughProxy, UNPINNED),
                 ("one CPU, no counting in the pumps", UncountedPassthroughProxy, {}),
                 ("one CPU, os.splice()", SplicePassthroughProxy, {}),
-                (f"FramedProxy cap {SCALE_POOL_CAP} as it is (one CPU)", "framed", {"pool_cap": SCALE_POOL_CAP}),
+                (f"FramedProxy cap {SCALE_POOL_CAP} as it is (one CPU)", "framed",
+                 {"pool_cap": SCALE_POOL_CAP}),
                 (f"FramedProxy cap {SCALE_POOL_CAP}, threads not pinned", "framed",
                  {"pool_cap": SCALE_POOL_CAP, **UNPINNED}))
 
@@ -133,7 +134,8 @@ def alternatives(repetitions, seconds, client_counts, notes, count_futexes=False
             relays["socat"] = stack.enter_context(ExternalRelay("socat", upstream.addr))
         else:
             notes.append("socat: skipped, not installed (`make bench-tools`)")
-        rows = compare_relays(relays, upstream, client_counts, repetitions, seconds, count_futexes=count_futexes)
+        rows = compare_relays(relays, upstream, client_counts, repetitions, seconds,
+                              count_futexes=count_futexes)
     return {"rows": rows, "repetitions": repetitions, "seconds_each": seconds}
 
 
@@ -153,16 +155,19 @@ def scale_row(label, relay, upstream, client_count, upstream_connections):
         try:
             if isinstance(relay, ServiceProcess):   # connect() returns once the kernel queued it
                 relay.wait_for("connections", len(clients), timeout=SCALE_ACCEPT_TIMEOUT)
-            upstream.wait_for("connections", upstream_connections(len(clients)), timeout=SCALE_ACCEPT_TIMEOUT)
+            upstream.wait_for("connections", upstream_connections(len(clients)),
+                              timeout=SCALE_ACCEPT_TIMEOUT)
             accepted_seconds = time.perf_counter() - started
             rounds = [exchange_rounds(clients, 1) for _ in range(SCALE_ROUNDS)]
-            memory_and_threads = None if isinstance(relay, ServiceProcess) else relay.memory_and_threads()
+            memory_and_threads = (None if isinstance(relay, ServiceProcess)
+                                  else relay.memory_and_threads())
         finally:
             close_clients(clients)
     if memory_and_threads:
         peak_rss_mb, peak_threads = memory_and_threads
     else:
-        peak_rss_mb, peak_threads = relay.report.get("peak_rss_mb"), relay.report.get("peak_threads")
+        peak_rss_mb, peak_threads = (relay.report.get("peak_rss_mb"),
+                                     relay.report.get("peak_threads"))
     return {"relay": label, "clients": client_count, "rounds": len(rounds),
             "answered": sum(measured.answered for measured in rounds),
             "wrong": sum(measured.wrong for measured in rounds),
@@ -190,11 +195,13 @@ def scale(client_counts, notes):
               (f"FramedProxy cap {SCALE_POOL_CAP}",
                lambda addr: ServiceProcess("framed", addr, pool_cap=SCALE_POOL_CAP), none_yet),
               (f"FramedProxy cap {SCALE_POOL_CAP}, not pinned",
-               lambda addr: ServiceProcess("framed", addr, pool_cap=SCALE_POOL_CAP, **UNPINNED), none_yet)]
+               lambda addr: ServiceProcess("framed", addr, pool_cap=SCALE_POOL_CAP, **UNPINNED),
+               none_yet)]
     if tool_path("haproxy"):
         relays.append(("haproxy", lambda addr: ExternalRelay("haproxy", addr), one_each))
     else:
-        notes.append("haproxy: skipped, not installed (`make bench-tools` installs socat and haproxy)")
+        notes.append("haproxy: skipped, not installed "
+                     "(`make bench-tools` installs socat and haproxy)")
     rows = []
     for client_count in client_counts:
         for label, start, upstream_connections in relays:
@@ -204,10 +211,12 @@ def scale(client_counts, notes):
                     rows.append(scale_row(label, start(upstream.addr), upstream, client_count,
                                           upstream_connections))
                 if rows[-1]["peak_rss_mb"] is None:
-                    notes.append(f"scale, {label}, {client_count} clients: its process did not report "
-                                 f"within {STOP_TIMEOUT:.0f} s of being stopped: threads and RSS unknown")
+                    notes.append(f"scale, {label}, {client_count} clients: "
+                                 f"its process did not report within {STOP_TIMEOUT:.0f} s "
+                                 f"of being stopped: threads and RSS unknown")
             except (OSError, RuntimeError, TimeoutError) as error:
-                notes.append(f"scale, {label}, {client_count} clients: could not finish: {one_line(error)}")
+                notes.append(f"scale, {label}, {client_count} clients: "
+                             f"could not finish: {one_line(error)}")
     return {"rows": rows}
 
 
@@ -215,19 +224,22 @@ def scale(client_counts, notes):
 
 def render_alternatives(section):
     return render_comparison(
-        f"Alternatives: PassthroughProxy's mechanism against others, median of {section['repetitions']} "
-        f"repetitions of {section['seconds_each']} s; switches: the relay's context switches per request", section)
+        f"Alternatives: PassthroughProxy's mechanism against others, "
+        f"median of {section['repetitions']} repetitions of {section['seconds_each']} s; "
+        f"switches: the relay's context switches per request", section)
 
 
 
 def render_scale(section):
     return table(
-        "Scale: the clients connect at once (connected: every connect() returned; accepted: the proxy "
-        f"accepted all), then each sends one request, {SCALE_ROUNDS} times; p50, p99: the median of the "
-        "bursts'; lost: a connect that failed or a request unanswered",
+        "Scale: the clients connect at once "
+        "(connected: every connect() returned; accepted: the proxy accepted all), "
+        f"then each sends one request, {SCALE_ROUNDS} times; p50, p99: the median of the bursts'; "
+        "lost: a connect that failed or a request unanswered",
         ["relay", "clients", "answered", "wrong", "lost", "connected ms", "accepted ms", "p50 ms",
          "p99 ms", "peak threads", "peak RSS MB"],
-        [[row["relay"], row["clients"], row["answered"], row["wrong"], row["lost"], f"{row['connected_ms']:.0f}",
-          f"{row['accepted_ms']:.0f}", f"{row['p50_ms']:.1f}", f"{row['p99_ms']:.1f}",
-          row["peak_threads"] or "-", "-" if row["peak_rss_mb"] is None else f"{row['peak_rss_mb']:.1f}"]
+        [[row["relay"], row["clients"], row["answered"], row["wrong"], row["lost"],
+          f"{row['connected_ms']:.0f}", f"{row['accepted_ms']:.0f}", f"{row['p50_ms']:.1f}",
+          f"{row['p99_ms']:.1f}", row["peak_threads"] or "-",
+          "-" if row["peak_rss_mb"] is None else f"{row['peak_rss_mb']:.1f}"]
          for row in section["rows"]])

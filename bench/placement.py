@@ -27,7 +27,8 @@ class OneCpuPerGroup:
     def serve_connection(self, conn):
         if CAN_PLACE and self.sockets_per_cpu:
             cpus = sorted(os.sched_getaffinity(os.getpid()))   # the process's, not this thread's
-            group = os.getpid() + self.open_socket_count() // self.sockets_per_cpu   # processes start apart
+            # processes start apart
+            group = os.getpid() + self.open_socket_count() // self.sockets_per_cpu
             with contextlib.suppress(OSError):   # a CPU taken away since: stay where the OS put it
                 os.sched_setaffinity(0, {cpus[group % len(cpus)]})
         super().serve_connection(conn)

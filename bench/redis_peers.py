@@ -43,8 +43,8 @@ import time
 from part3 import resp
 from part3.redis_server import RedisControl, RedisServer, read_resp
 
-from bench.machinery import (START_TIMEOUT, ExternalRelay, Running, ServiceProcess, low_high, one_line, progress,
-                             ratio, spread, table, tool_path)
+from bench.machinery import (START_TIMEOUT, ExternalRelay, Running, ServiceProcess, low_high,
+                             one_line, progress, ratio, spread, table, tool_path)
 from bench.mechanisms import SplicePassthroughProxy
 
 CLIENT_COUNTS = (1, 8, 64)         # redis-benchmark -c
@@ -62,8 +62,10 @@ GET_THEM = "`make bench-tools` installs it"
 WORKERS_LABEL = "PassthroughProxy, 2 workers, placed"   # a process per core (Server's workers=)
 WORKERS_TARGETS = ((8, 1.0), (64, 1.2))   # (clients, the least x socat at pipeline 1)
 MANAGED_LABEL = "ManagedProxy(RESP) 1 conn"
-MANAGED_TARGETS = ((64, 1, 0.8), (64, 16, 0.8), (8, 1, 0.7))   # (clients, -P, the least x twemproxy)
-MANAGED_CPU_US = 12.0              # the most CPU per request ManagedProxy may spend, 64 clients, -P 1
+# (clients, -P, the least x twemproxy)
+MANAGED_TARGETS = ((64, 1, 0.8), (64, 16, 0.8), (8, 1, 0.7))
+# the most CPU per request ManagedProxy may spend, 64 clients, -P 1
+MANAGED_CPU_US = 12.0
 
 
 # --- the targets ---------------------------------------------------------------------------
@@ -76,12 +78,14 @@ class Direct(Running):
 
 
 def target_specs():
-    """(label, layer, tool needed or None, start(redis_addr) -> Running) for every target, in table order."""
+    """(label, layer, tool needed or None, start(redis_addr) -> Running) for every target, in
+    table order."""
     return [
         ("direct", "-", None, None),
         ("PassthroughProxy, placed", "4", None, lambda addr: ServiceProcess("passthrough", addr)),
         (WORKERS_LABEL, "4", None, lambda addr: ServiceProcess("passthrough", addr, workers=2)),
-        ("PassthroughProxy, splice, placed", "4", None,   # the mechanism study's pump: bytes never enter Python
+        # the mechanism study's pump: bytes never enter Python
+        ("PassthroughProxy, splice, placed", "4", None,
          lambda addr: ServiceProcess(SplicePassthroughProxy, addr)),
         ("socat", "4", "socat", lambda addr: ExternalRelay("socat", addr)),
         ("haproxy", "4", "haproxy", lambda addr: ExternalRelay("haproxy", addr)),
@@ -116,7 +120,8 @@ class Target:
         """The redis-server's client connections now, the control connection not counted."""
         reply = self.control.command("CLIENT LIST")
         listing = reply[reply.index(b"\r\n") + 2:-2]
-        return sum(1 for line in listing.splitlines() if line and not line.startswith(b"id=%s " % self.control_id))
+        return sum(1 for line in listing.splitlines()
+                   if line and not line.startswith(b"id=%s " % self.control_id))
 
     def relay_usage(self):
         """The relay's CPU seconds so far ({"user": , "system": }), or None for direct."""
@@ -160,8 +165,9 @@ def run_benchmark(target, clients, pipeline, requests):
     """(requests/s, server connections (the steady() count of the samples taken
     while it ran), the relay's per_request() usage) of one redis-benchmark run against target."""
     usage_before = target.relay_usage()
-    process = subprocess.Popen(benchmark_argv(target.addr, clients, pipeline, requests), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    process = subprocess.Popen(benchmark_argv(target.addr, clients, pipeline, requests),
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + BENCHMARK_TIMEOUT
     connections = []
     try:
@@ -181,8 +187,10 @@ def run_benchmark(target, clients, pipeline, requests):
             process.wait()
         process.stdout.close()
     if process.returncode:
-        raise RuntimeError(f"redis-benchmark through {target.label} exited with {process.returncode}")
-    return parse_rate(output), steady(connections), per_request(usage_before, target.relay_usage(), requests)
+        raise RuntimeError(f"redis-benchmark through {target.label} exited with "
+                           f"{process.returncode}")
+    return (parse_rate(output), steady(connections),
+            per_request(usage_before, target.relay_usage(), requests))
 
 
 def steady(samples):
@@ -200,7 +208,8 @@ def per_request(before, after, requests):
     seconds = sum(after[name] - before[name] for name in ("user", "system"))
     switches = None
     if after["voluntary"] is not None:
-        switches = sum(after[name] - before[name] for name in ("voluntary", "involuntary")) / requests
+        switches = sum(after[name] - before[name]
+                       for name in ("voluntary", "involuntary")) / requests
     return {"cpu_us": seconds / requests * 1e6, "switches": switches}
 
 
@@ -214,7 +223,8 @@ def requests_for(rate, clients, pipeline, seconds):
 
 def command(*words):
     """A RESP array of bulk strings: a request as redis-cli and redis-py write it."""
-    return b"*%d\r\n" % len(words) + b"".join(b"$%d\r\n%s\r\n" % (len(word), word) for word in words)
+    return b"*%d\r\n" % len(words) + b"".join(b"$%d\r\n%s\r\n" % (len(word), word)
+                                           for word in words)
 
 
 def bulk(value):
@@ -278,7 +288,8 @@ def measure(target, clients, pipeline, last_rate, run_seconds, notes):
         rate, connections, usage = run_benchmark(
             target, clients, pipeline, requests_for(last_rate[key], clients, pipeline, run_seconds))
     except (OSError, RuntimeError, TimeoutError, ValueError) as error:
-        notes.append(f"redis, {target.label}, {clients} clients, pipeline {pipeline}: {one_line(error)}")
+        notes.append(f"redis, {target.label}, {clients} clients, pipeline {pipeline}: "
+                     f"{one_line(error)}")
         return (0.0, 0, None, None)
     last_rate[key] = rate or last_rate[key]
     return (rate, connections, usage["cpu_us"], usage["switches"])
@@ -288,25 +299,29 @@ def redis_peers(repetitions, notes, run_seconds=RUN_SECONDS):
     """Every target at every client count and pipeline depth, interleaved within
     each repetition; then the correctness pass through each."""
     if not (tool_path("redis-server") and tool_path("redis-benchmark")):
-        notes.append(f"redis: skipped, needs redis-server and redis-benchmark ({GET_THEM.replace('it', 'them')})")
+        notes.append(f"redis: skipped, needs redis-server and redis-benchmark "
+                     f"({GET_THEM.replace('it', 'them')})")
         return {"rows": [], "checks": [], "repetitions": repetitions}
-    samples = {}   # (label, clients, pipeline) -> [(rate, connections, cpu_us, switches)] one per repetition
+    # (label, clients, pipeline) -> [(rate, connections, cpu_us, switches)] one per repetition
+    samples = {}
     last_rate = {}   # (label, clients, pipeline) -> the rate its last run measured
     with contextlib.ExitStack() as stack:
         targets = start_targets(stack, notes)
         for repetition in range(repetitions):
             for clients in CLIENT_COUNTS:
                 for pipeline in PIPELINES:
-                    progress(f"redis: repetition {repetition + 1}/{repetitions}, {clients} clients, "
-                             f"pipeline {pipeline}")
+                    progress(f"redis: repetition {repetition + 1}/{repetitions}, "
+                             f"{clients} clients, pipeline {pipeline}")
                     turn = repetition % len(targets)
                     for target in targets[turn:] + targets[:turn]:
-                        samples.setdefault((target.label, clients, pipeline), [None] * repetitions)[repetition] = \
-                            measure(target, clients, pipeline, last_rate, run_seconds, notes)
+                        samples.setdefault((target.label, clients, pipeline),
+                                           [None] * repetitions)[repetition] = measure(
+                            target, clients, pipeline, last_rate, run_seconds, notes)
         checks = []
         for target in targets:
             progress(f"redis: checking values through {target.label}")
-            checks.append({"target": target.label, "layer": target.layer, **check_values(target.addr)})
+            checks.append({"target": target.label, "layer": target.layer,
+                           **check_values(target.addr)})
         layers = {target.label: target.layer for target in targets}
     return {"rows": rows_from(samples, layers), "checks": checks, "repetitions": repetitions,
             "run_seconds": run_seconds}
@@ -321,10 +336,11 @@ def rows_from(samples, layers):
             theirs = samples.get((other, clients, pipeline))
             if not theirs:
                 return None
-            return spread([ratio(mine[0], their[0]) for mine, their in zip(runs, theirs) if mine and their])
+            return spread([ratio(mine[0], their[0])
+                           for mine, their in zip(runs, theirs) if mine and their])
         rates = [run[0] for run in runs if run]
-        rows.append({"target": label, "layer": layers[label], "clients": clients, "pipeline": pipeline,
-                     "rate": spread(rates), "runs": runs,
+        rows.append({"target": label, "layer": layers[label], "clients": clients,
+                     "pipeline": pipeline, "rate": spread(rates), "runs": runs,
                      "x_direct": ratios_to("direct"), "x_socat": ratios_to("socat"),
                      "x_twemproxy": ratios_to("twemproxy"),
                      "server_connections": statistics.median(run[1] for run in runs if run),
@@ -342,20 +358,23 @@ def median_of(values):
 def targets(section):
     """The targets set for these rows, each (name, figure, reached): PassthroughProxy beside
     socat; ManagedProxy's loop beside twemproxy, and its CPU per request."""
-    rows = {(row["target"], row["clients"], row["pipeline"]): row for row in section.get("rows", [])}
+    rows = {(row["target"], row["clients"], row["pipeline"]): row
+            for row in section.get("rows", [])}
     checks = {check["target"]: check for check in section.get("checks", [])}
     found = []
     for clients in (8, 64):
         for pipeline in PIPELINES:
             row = rows.get(("PassthroughProxy, placed", clients, pipeline))
             if row and row["x_socat"]:
-                found.append((f"redis: PassthroughProxy, placed >= 1.0x socat, {clients} clients, pipeline "
-                              f"{pipeline}", f"{row['x_socat']['median']:.2f}x", row["x_socat"]["median"] >= 1.0))
+                found.append((f"redis: PassthroughProxy, placed >= 1.0x socat, {clients} clients, "
+                              f"pipeline {pipeline}", f"{row['x_socat']['median']:.2f}x",
+                              row["x_socat"]["median"] >= 1.0))
     for clients, least in WORKERS_TARGETS:
         row = rows.get((WORKERS_LABEL, clients, 1))
         if row and row["x_socat"]:
             seen = row["x_socat"]["median"]
-            found.append((f"redis: {WORKERS_LABEL} >= {least}x socat, {clients} clients, pipeline 1",
+            found.append((f"redis: {WORKERS_LABEL} >= {least}x socat, "
+                          f"{clients} clients, pipeline 1",
                           f"{seen:.2f}x", seen >= least))
     check = checks.get(MANAGED_LABEL)
     for clients, pipeline, least in MANAGED_TARGETS:
@@ -363,14 +382,16 @@ def targets(section):
         if row and row["x_twemproxy"] and check:
             ratio_seen = row["x_twemproxy"]["median"]
             reached = ratio_seen >= least and row["server_connections"] == 1 and not check["wrong"]
-            found.append((f"redis: ManagedProxy(RESP) >= {least}x twemproxy, {clients} clients, pipeline "
-                          f"{pipeline}, 1 server connection, 0 wrong",
-                          f"{ratio_seen:.2f}x, {row['server_connections']:.0f} conn, {check['wrong']} wrong",
+            found.append((f"redis: ManagedProxy(RESP) >= {least}x twemproxy, {clients} clients, "
+                          f"pipeline {pipeline}, 1 server connection, 0 wrong",
+                          f"{ratio_seen:.2f}x, {row['server_connections']:.0f} conn, "
+                          f"{check['wrong']} wrong",
                           reached))
     row = rows.get((MANAGED_LABEL, 64, 1))
     if row and row["cpu_us"] is not None:
-        found.append((f"redis: ManagedProxy(RESP) <= {MANAGED_CPU_US:g} us of CPU per request, 64 clients, "
-                      "pipeline 1", f"{row['cpu_us']:.1f} us", row["cpu_us"] <= MANAGED_CPU_US))
+        found.append((f"redis: ManagedProxy(RESP) <= {MANAGED_CPU_US:g} us of CPU per request, "
+                      "64 clients, pipeline 1", f"{row['cpu_us']:.1f} us",
+                      row["cpu_us"] <= MANAGED_CPU_US))
     for check in section.get("checks", []):
         found.append((f"redis: {check['target']}: every value read is the one written",
                       f"{check['wrong']} wrong, {check['failed']} failed of {check['requests']}",
@@ -387,20 +408,24 @@ def profile(clients=64):
     thread profiled (cProfile), merged, the top functions by their own time."""
     reports = {}
     for label, kind, options, requests in PROFILED:
-        with RedisServer() as redis, ServiceProcess(kind, redis.addr, profile=True, **options) as proxy, \
-                contextlib.closing(Target(label, "-", redis, proxy)) as target:
+        with (RedisServer() as redis,
+              ServiceProcess(kind, redis.addr, profile=True, **options) as proxy,
+              contextlib.closing(Target(label, "-", redis, proxy)) as target):
             rate, _, usage = run_benchmark(target, clients, 1, requests)
             proxy.stop()
-        reports[label] = {"requests": requests, "clients": clients, "rate": rate, "cpu_us": usage["cpu_us"],
-                          "switches": usage["switches"], "profile": proxy.report["profile"]}
+        reports[label] = {"requests": requests, "clients": clients, "rate": rate,
+                          "cpu_us": usage["cpu_us"], "switches": usage["switches"],
+                          "profile": proxy.report["profile"]}
     return reports
 
 
 def render_profile(section):
-    return "\n".join(f"Profile of {label} under redis-benchmark -t get -c {report['clients']} -n "
-                     f"{report['requests']}: {report['rate']:.0f} requests/s profiled, {report['cpu_us']:.0f} us "
-                     f"of CPU and {report['switches']:.1f} context switches per request, every thread profiled "
-                     f"(profiling slows it)\n{report['profile']}" for label, report in section.items())
+    return "\n".join(f"Profile of {label} under redis-benchmark -t get -c {report['clients']} "
+                     f"-n {report['requests']}: {report['rate']:.0f} requests/s profiled, "
+                     f"{report['cpu_us']:.0f} us of CPU and {report['switches']:.1f} context "
+                     f"switches per request, every thread profiled "
+                     f"(profiling slows it)\n{report['profile']}"
+                     for label, report in section.items())
 
 
 # --- the tables -----------------------------------------------------------------------------
@@ -412,20 +437,23 @@ def ratio_cell(figures):
 def render_redis(section):
     rows = sorted(section["rows"], key=lambda row: (row["pipeline"], row["clients"]))
     text = table(
-        f"Redis: redis-benchmark -t get through each target to a redis-server of its own, median of "
-        f"{section['repetitions']} repetitions of about {section.get('run_seconds', RUN_SECONDS):g} s, targets "
+        f"Redis: redis-benchmark -t get through each target to a redis-server of its own, "
+        f"median of {section['repetitions']} repetitions of about "
+        f"{section.get('run_seconds', RUN_SECONDS):g} s, targets "
         "interleaved; ratios from the same repetition; server conns: CLIENT LIST during the run, "
         "the count seen most often",
-        ["target", "layer", "clients", "pipeline", "req/s", "range", "x direct", "x socat", "x twemproxy",
-         "server conns", "relay CPU us/req", "switches/req"],
-        [[row["target"], row["layer"], row["clients"], row["pipeline"], f"{row['rate']['median']:.0f}",
-          low_high(row["rate"]), ratio_cell(row["x_direct"]), ratio_cell(row["x_socat"]),
-          ratio_cell(row["x_twemproxy"]), f"{row['server_connections']:.0f}",
+        ["target", "layer", "clients", "pipeline", "req/s", "range", "x direct", "x socat",
+         "x twemproxy", "server conns", "relay CPU us/req", "switches/req"],
+        [[row["target"], row["layer"], row["clients"], row["pipeline"],
+          f"{row['rate']['median']:.0f}", low_high(row["rate"]), ratio_cell(row["x_direct"]),
+          ratio_cell(row["x_socat"]), ratio_cell(row["x_twemproxy"]),
+          f"{row['server_connections']:.0f}",
           "-" if row["cpu_us"] is None else f"{row['cpu_us']:.1f}",
-          "-" if row["switches"] is None else f"{row['switches']:.2f}"] for row in rows], left_columns=2)
+          "-" if row["switches"] is None else f"{row['switches']:.2f}"]
+         for row in rows], left_columns=2)
     checks = table(
-        f"Values checked: {CHECK_THREADS} threads SET random keys to random values and GET them back "
-        "(half the pairs pipelined)",
+        f"Values checked: {CHECK_THREADS} threads SET random keys to random values "
+        "and GET them back (half the pairs pipelined)",
         ["target", "layer", "requests", "wrong", "failed"],
         [[check["target"], check["layer"], check["requests"], check["wrong"], check["failed"]]
          for check in section["checks"]], left_columns=2)

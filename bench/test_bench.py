@@ -40,7 +40,8 @@ def test_exchange_rounds_answers_every_request_of_every_client():
     with Upstream() as upstream:
         measured = rounds_against(upstream, 3, requests_each=4)
         arrived = sorted(upstream.parsed)   # the order across connections is the scheduler's
-    assert arrived == sorted(f"GET k{client}n{number}" for client in range(3) for number in range(4))
+    assert arrived == sorted(f"GET k{client}n{number}"
+                             for client in range(3) for number in range(4))
     assert (measured.answered, measured.wrong, measured.unanswered) == (12, 0, 0)
     assert len(measured.latencies) == 12
 
@@ -67,7 +68,8 @@ def test_distant_upstream_overlaps_the_delays_of_pipelined_requests():
         replies = [reader.readline() for _ in range(4)]
         seconds = time.perf_counter() - started
         reader.close()
-    assert replies == [b"a=AAAAAAAAAAAA\n", b"b=BBBBBBBBBBBB\n", b"c=CCCCCCCCCCCC\n", b"d=DDDDDDDDDDDD\n"]
+    assert replies == [b"a=AAAAAAAAAAAA\n", b"b=BBBBBBBBBBBB\n",
+                       b"c=CCCCCCCCCCCC\n", b"d=DDDDDDDDDDDD\n"]
     assert delay <= seconds < 2 * delay   # four delays that overlap, not four in a row
 
 
@@ -91,7 +93,8 @@ def test_service_process_serves_waits_on_hooks_and_reports_its_threads_and_memor
     assert (measured.answered, measured.wrong) == (10, 0)
     # main, accept loop, and a reader and a writer per client
     assert upstream.report["peak_threads"] == 6
-    assert 5 < upstream.report["peak_rss_mb"] < 256   # a forked child: it counts the pages it shares with its parent
+    # a forked child: it counts the pages it shares with its parent
+    assert 5 < upstream.report["peak_rss_mb"] < 256
 
 
 def test_table_aligns_names_left_and_figures_right():
@@ -118,20 +121,23 @@ def test_targets_compare_rates_from_the_same_repetition():
                                    "within_target": False}]},
         "scale": {"rows": [{"relay": "FramedProxy cap 8", "clients": 1000, "wrong": 0, "lost": 0,
                             "peak_rss_mb": 40.0, "p99_ms": 150.0},
-                           {"relay": "FramedProxy cap 8, not pinned", "clients": 1000, "wrong": 0, "lost": 0,
-                            "peak_rss_mb": 70.0, "p99_ms": 300.0},
+                           {"relay": "FramedProxy cap 8, not pinned", "clients": 1000, "wrong": 0,
+                            "lost": 0, "peak_rss_mb": 70.0, "p99_ms": 300.0},
                            {"relay": "PassthroughProxy", "clients": 5000, "wrong": 0, "lost": 3,
                             "peak_rss_mb": 300.0},
-                           {"relay": "haproxy", "clients": 5000, "wrong": 0, "lost": 0, "peak_rss_mb": 30.0}]},
+                           {"relay": "haproxy", "clients": 5000, "wrong": 0, "lost": 0,
+                            "peak_rss_mb": 30.0}]},
     }
     assert bench.targets(results) == [
         ("PassthroughProxy >= 0.9x socat, 1 client(s)", "0.80x (0.50-0.90)", False),
         ("FramedProxy cap 8 >= 0.75x PassthroughProxy, 8 client(s)", "0.80x (0.70-0.90)", True),
         ("head-of-line cap 2 within max(3 ms, 10%) of 80 ms", "83.5 ms", False),
-        ("1000 clients through FramedProxy cap 8: p99 no worse than not pinned", "150 ms against 300", True),
+        ("1000 clients through FramedProxy cap 8: p99 no worse than not pinned",
+         "150 ms against 300", True),
         ("1000 clients through FramedProxy cap 8: 0 wrong, 0 lost", "0 wrong, 0 lost", True),
         ("1000 clients through FramedProxy cap 8, peak RSS < 64 MB", "40.0 MB", True),
-        ("1000 clients through FramedProxy cap 8, not pinned: 0 wrong, 0 lost", "0 wrong, 0 lost", True),
+        ("1000 clients through FramedProxy cap 8, not pinned: 0 wrong, 0 lost",
+         "0 wrong, 0 lost", True),
         ("5000 clients through PassthroughProxy: 0 wrong, 0 lost", "0 wrong, 3 lost", False),
     ]
 
@@ -142,13 +148,15 @@ def test_targets_of_a_run_where_sections_failed_are_those_of_the_sections_that_f
 
 def test_absent_tools_are_skipped_with_a_note_that_says_how_to_get_them(monkeypatch):
     monkeypatch.setattr(machinery.shutil, "which", lambda tool, path=None: None)
-    monkeypatch.setattr(cited, "POOL_CAPS", (8,))   # fewer processes to start: the notes are the point
+    # fewer processes to start: the notes are the point
+    monkeypatch.setattr(cited, "POOL_CAPS", (8,))
     notes = []
     with Upstream() as upstream, contextlib.ExitStack() as stack:
         relays = cited.start_relays(upstream.addr, notes, stack)
     assert list(relays) == ["PassthroughProxy", "FramedProxy cap 8"]
     get_them = "(`make bench-tools` installs socat and haproxy)"
-    assert notes == [f"socat: skipped, not installed {get_them}", f"haproxy: skipped, not installed {get_them}"]
+    assert notes == [f"socat: skipped, not installed {get_them}",
+                     f"haproxy: skipped, not installed {get_them}"]
 
 
 def test_a_section_that_fails_says_why_in_one_line_and_the_others_still_print(monkeypatch, capsys):
@@ -157,18 +165,21 @@ def test_a_section_that_fails_says_why_in_one_line_and_the_others_still_print(mo
 
     def sections(arguments, notes):
         return [("scale", fails, mechanisms.render_scale),
-                ("nagle", lambda: {"rows": [{"relay": "r", "requests": 1, "median_ms": 2.0, "low_ms": 1.0,
-                                             "high_ms": 3.0}]}, cited.render_nagle)]
+                ("nagle", lambda: {"rows": [{"relay": "r", "requests": 1, "median_ms": 2.0,
+                                             "low_ms": 1.0, "high_ms": 3.0}]},
+                 cited.render_nagle)]
     monkeypatch.setattr(bench, "sections", sections)
     bench.main([])
     out = capsys.readouterr().out
-    assert "1. scale: could not finish: TimeoutError: gave up waiting for connections to reach 1000\n" in out
+    assert ("1. scale: could not finish: "
+            "TimeoutError: gave up waiting for connections to reach 1000\n") in out
     assert "second line" not in out
     assert "2. Nagle: a request written in two parts" in out
 
 
 def test_lean_upstream_answers_lines_however_they_were_cut():
-    with machinery.LeanUpstream() as upstream, socket.create_connection(upstream.addr, timeout=5) as sock:
+    with (machinery.LeanUpstream() as upstream,
+          socket.create_connection(upstream.addr, timeout=5) as sock):
         sock.sendall(b"GET a\nGET")
         sock.sendall(b" b\nPING\n")
         reader = sock.makefile("rb")
@@ -289,15 +300,18 @@ def test_resp_commands_are_arrays_of_bulk_strings():
 
 def test_parse_rate_reads_the_get_row_of_redis_benchmarks_csv():
     output = ('"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",'
-              '"p99_latency_ms","max_latency_ms"\n"GET","40322.58","1.225","0.608","1.127","1.887","2.967","9.031"\n')
+              '"p99_latency_ms","max_latency_ms"\n'
+              '"GET","40322.58","1.225","0.608","1.127","1.887","2.967","9.031"\n')
     assert redis_peers.parse_rate(output) == 40322.58
     with pytest.raises(ValueError, match="no GET row"):
         redis_peers.parse_rate("WARNING: Could not fetch server CONFIG\n")
 
 
 def test_requests_for_a_run_follow_the_last_rate_within_bounds():
-    assert redis_peers.requests_for(None, 8, 16, seconds=1.0) == redis_peers.MIN_REQUESTS   # 1,280 is below it
-    assert redis_peers.requests_for(None, 64, 16, seconds=1.0) == redis_peers.WARM_UP_REQUESTS   # not 10,240
+    # 1,280 is below it
+    assert redis_peers.requests_for(None, 8, 16, seconds=1.0) == redis_peers.MIN_REQUESTS
+    # not 10,240
+    assert redis_peers.requests_for(None, 64, 16, seconds=1.0) == redis_peers.WARM_UP_REQUESTS
     assert redis_peers.requests_for(30_000.4, 8, 1, seconds=1.0) == 30_000
     assert redis_peers.requests_for(100.0, 1, 1, seconds=1.0) == redis_peers.MIN_REQUESTS
     assert redis_peers.requests_for(1e9, 1, 1, seconds=1.0) == redis_peers.MAX_REQUESTS
@@ -328,7 +342,8 @@ def test_twemproxy_gets_a_config_of_one_server_connection_and_proxies_a_get():
         text = config.read_text(encoding="ascii")
         assert f"listen: 127.0.0.1:{relay.addr[1]}\n" in text
         assert f"   - 127.0.0.1:{redis.addr[1]}:1\n" in text
-        assert "  redis: true\n  hash: fnv1a_64\n  distribution: ketama\n  server_connections: 1\n" in text
+        assert ("  redis: true\n  hash: fnv1a_64\n  distribution: ketama\n"
+                "  server_connections: 1\n") in text
         with socket.create_connection(relay.addr, timeout=5) as client:
             client.sendall(redis_peers.command(b"GET", b"planted"))
             assert read_resp(redis_peers.Replies(client)) == b"$5\r\nvalue\r\n"
@@ -345,12 +360,15 @@ def test_a_missing_peer_is_skipped_with_a_note_that_says_how_to_get_it(monkeypat
     with contextlib.ExitStack() as stack:
         targets = redis_peers.start_targets(stack, notes)
         assert [target.label for target in targets] == ["direct"]
-    assert notes == ["redis, twemproxy: skipped, nutcracker is not installed (`make bench-tools` installs it)"]
+    assert notes == ["redis, twemproxy: skipped, nutcracker is not installed "
+                     "(`make bench-tools` installs it)"]
 
 
 def test_redis_rows_take_each_ratio_within_a_repetition_and_the_targets_read_them():
-    samples = {("direct", 64, 1): [(100.0, 64, None, None), (200.0, 65, None, None), (100.0, 64, None, None)],
-               ("socat", 64, 1): [(50.0, 64, 30.0, None), (100.0, 64, 40.0, None), (50.0, 64, 50.0, None)],
+    samples = {("direct", 64, 1): [(100.0, 64, None, None), (200.0, 65, None, None),
+                                   (100.0, 64, None, None)],
+               ("socat", 64, 1): [(50.0, 64, 30.0, None), (100.0, 64, 40.0, None),
+                                  (50.0, 64, 50.0, None)],
                ("PassthroughProxy, placed", 64, 1): [(60.0, 64, 9.0, 2.0), (90.0, 64, 8.0, 3.0),
                                                      (40.0, 64, 7.0, 4.0)],
                ("twemproxy", 64, 1): [(80.0, 1, 5.0, None)] * 3,
@@ -360,24 +378,30 @@ def test_redis_rows_take_each_ratio_within_a_repetition_and_the_targets_read_the
               "ManagedProxy(RESP) 1 conn": "7"}
     rows = {row["target"]: row for row in redis_peers.rows_from(samples, layers)}
     passthrough = rows["PassthroughProxy, placed"]
-    assert passthrough["x_socat"] == {"median": 0.9, "low": 0.8, "high": 1.2}   # 60/50, 90/100, 40/50
+    # 60/50, 90/100, 40/50
+    assert passthrough["x_socat"] == {"median": 0.9, "low": 0.8, "high": 1.2}
     assert passthrough["x_direct"]["median"] == 0.45   # 0.6, 0.45, 0.4
-    assert (passthrough["server_connections"], passthrough["cpu_us"], passthrough["switches"]) == (64, 8.0, 3.0)
+    assert (passthrough["server_connections"], passthrough["cpu_us"],
+            passthrough["switches"]) == (64, 8.0, 3.0)
     direct, socat = rows["direct"], rows["socat"]
     assert (direct["server_connections"], direct["cpu_us"], socat["switches"]) == (64, None, None)
     section = {"rows": list(rows.values()),
-               "checks": [{"target": "ManagedProxy(RESP) 1 conn", "requests": 10, "wrong": 0, "failed": 0}]}
+               "checks": [{"target": "ManagedProxy(RESP) 1 conn", "requests": 10, "wrong": 0,
+                           "failed": 0}]}
     assert redis_peers.targets(section) == [
         ("redis: PassthroughProxy, placed >= 1.0x socat, 64 clients, pipeline 1", "0.90x", False),
-        ("redis: ManagedProxy(RESP) >= 0.8x twemproxy, 64 clients, pipeline 1, 1 server connection, 0 wrong",
+        ("redis: ManagedProxy(RESP) >= 0.8x twemproxy, 64 clients, pipeline 1, "
+         "1 server connection, 0 wrong",
          "0.38x, 1 conn, 0 wrong", False),
-        ("redis: ManagedProxy(RESP) <= 12 us of CPU per request, 64 clients, pipeline 1", "9.0 us", True),
+        ("redis: ManagedProxy(RESP) <= 12 us of CPU per request, 64 clients, pipeline 1",
+         "9.0 us", True),
         ("redis: ManagedProxy(RESP) 1 conn: every value read is the one written",
          "0 wrong, 0 failed of 10", True)]
 
 
 def test_steady_connections_are_the_count_seen_most_often_not_the_peak_nor_the_ramp():
-    assert redis_peers.steady([0, 3, 8, 64, 64, 64, 80, 64, 12]) == 64   # 80: the run before's, closing
+    # 80: the run before's, closing
+    assert redis_peers.steady([0, 3, 8, 64, 64, 64, 80, 64, 12]) == 64
     assert redis_peers.steady([1, 1, 8, 8]) == 8
 
 
@@ -388,7 +412,8 @@ def test_a_servers_usage_counts_the_cpu_of_its_other_worker_processes():
     try:
         worker.stdout.readline()   # it has spent its 0.2 s of CPU
         server = type("Server", (), {"_worker_pids": [worker.pid]})()
-        alone, with_worker = machinery.usage_of_this_process(), machinery.usage_of_this_process(server)
+        alone, with_worker = (machinery.usage_of_this_process(),
+                              machinery.usage_of_this_process(server))
         assert with_worker["user"] + with_worker["system"] - alone["user"] - alone["system"] >= 0.15
         assert with_worker["voluntary"] >= alone["voluntary"]
     finally:
