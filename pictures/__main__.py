@@ -1,6 +1,6 @@
-"""python3 -m pictures [--check]: redraw every picture in pictures/ from the scenarios' runs (Parts one
-and two, then Part three's, which need redis-server), or with --check write nothing and exit 1 if a
-checked-in picture differs from what the scenarios draw now."""
+"""python3 -m pictures [--check]: redraw every picture in pictures/ from the scenarios' runs (Parts
+one and two, then Part three's, which need redis-server), or with --check write nothing and exit 1
+if a checked-in picture differs from what the scenarios draw now."""
 import sys
 
 from pictures import draw, draw_part3

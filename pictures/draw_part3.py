@@ -1,9 +1,12 @@
 """pictures.draw_part3: Part three's pictures; a reader of the lesson need not read it. Each is
 drawn from the events part3_demo's own scenarios made (pictures/record.py):
 
-    part3-redis-line-pool.svg       scenarios 2 and 4, TrustingPool by line as borrows(), FramedProxy by RESP's tally
-    part3-tagged-out-of-order.svg   scenario 5, ids out in order and replies back out of it, a sequence()
-    part3-head-of-line.svg          scenario 6, a held key with ids, a sequence(), then the untagged twin's byte strip
+    part3-redis-line-pool.svg       scenarios 2 and 4, TrustingPool by line as borrows(),
+                                    FramedProxy by RESP's tally
+    part3-tagged-out-of-order.svg   scenario 5, ids out in order and replies back out of it,
+                                    a sequence()
+    part3-head-of-line.svg          scenario 6, a held key with ids, a sequence(), then the
+                                    untagged twin's byte strip
     part3-late-reply.svg            scenario 7, a late reply dropped by its id, a sequence()
 """
 from part3 import resp, tagged
@@ -13,12 +16,13 @@ from scaffolding.kit import CLIENT_NAMES
 
 
 def redis_rows(reads):
-    """svg.borrows' rows for one connection's reads, each read's bytes in the colour of the borrower whose reply
-    they are: what the pool read (each reply, then the last read's rest) is cut into Redis's replies, the n-th
-    the n-th borrower's, as Redis answers in order."""
+    """svg.borrows' rows for one connection's reads, each read's bytes in the colour of the borrower
+    whose reply they are: what the pool read (each reply, then the last read's rest) is cut into
+    Redis's replies, the n-th the n-th borrower's, as Redis answers in order."""
     stream = b"".join(read.reply for read in reads) + reads[-1].rest
     replies, end = [], 0
-    while end < len(stream) - len(reads[-1].rest):   # past the last reply a read touched: the scheduler's
+    # past the last reply a read touched: the scheduler's
+    while end < len(stream) - len(reads[-1].rest):
         size = resp.reply_size(stream[end:])
         replies.append((reads[len(replies)].client, stream[end:end + size]))
         end += size
@@ -32,36 +36,45 @@ def redis_rows(reads):
         else:
             verdict = "cut: only the first line of its reply"
         got = [(owner, data, owner != read.client) for owner, data in took]
-        rows.append((read.client, read.request, got, verdict, GREEN if verdict == "its whole reply" else RED))
+        rows.append((read.client, read.request, got, verdict,
+                     GREEN if verdict == "its whole reply" else RED))
     return rows
 
 
 def draw_redis_line_pool(runs):
-    svg, y = titled("Part three, scenarios 2 and 4: a pool in front of a real redis-server, framed by line and by RESP")
+    svg, y = titled("Part three, scenarios 2 and 4: a pool in front of a real redis-server, "
+                    "framed by line and by RESP")
     line_rows = redis_rows([e for e in runs["line_pool"] if isinstance(e, RedisRead)])
     bottom = borrows(svg, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
-                     "the bytes read past it stay on the connection for the next borrower", line_rows)
+                     "the bytes read past it stay on the connection for the next borrower",
+                     line_rows)
     reads = [e for e in runs["resp_pool"] if isinstance(e, RedisRead)]
-    # a read that took one whole reply and nothing past it: Redis answering in order, the borrower's own
+    # a read that took one whole reply and nothing past it:
+    # Redis answering in order, the borrower's own
     whole = [resp.reply_size(read.reply) == len(read.reply) and not read.rest for read in reads]
-    crowd = [ok for read, ok in zip(reads, whole) if read.via != reads[0].via]   # the clients that came after A
-    svg.text(16, bottom + 18, f"FramedProxy, framing=RESP: {reads[0].client}'s {len(reads) - len(crowd)} requests, "
-             f"then {len(crowd)} GETs from {len({read.via for read in reads}) - 1} clients at once: each its own "
-             f"whole reply, {sum(crowd)}/{len(crowd)}, over {len({read.connection for read in reads})} upstream "
+    # the clients that came after A
+    crowd = [ok for read, ok in zip(reads, whole) if read.via != reads[0].via]
+    svg.text(16, bottom + 18,
+             f"FramedProxy, framing=RESP: {reads[0].client}'s {len(reads) - len(crowd)} requests, "
+             f"then {len(crowd)} GETs from {len({read.via for read in reads}) - 1} clients "
+             f"at once: each its own whole reply, {sum(crowd)}/{len(crowd)}, "
+             f"over {len({read.connection for read in reads})} upstream "
              "connection", 13, GREEN if all(whole) else RED, bold=True)
     return svg
 
 
 def call_of(line):
-    """(id, the rest, whose call) of a line sent, taken or returned: id 1 is A's, 2 B's (a thread per call)."""
+    """(id, the rest, whose call) of a line sent, taken or returned: id 1 is A's, 2 B's
+    (a thread per call)."""
     request_id, rest = tagged.parse_tagged(line.rstrip(b"\n"))
     return request_id, rest, CLIENT_NAMES[request_id - 1]
 
 
 def tagged_picture(events, *lines):
-    """`lines` (the title first), then one TaggedClient's scenario as a sequence, a lane per call: each request
-    sent, call given up and reply taken, as logged; a reply goes to the call its id names, red unless that call
-    returned it, or if it gave up, no further than the client. Then the replies' ids in order, and connections."""
+    """`lines` (the title first), then one TaggedClient's scenario as a sequence, a lane per call:
+    each request sent, call given up and reply taken, as logged; a reply goes to the call its id
+    names, red unless that call returned it, or if it gave up, no further than the client. Then the
+    replies' ids in order, and connections."""
     returned = {call_of(e.line)[0]: e.outcome for e in events if isinstance(e, Returned)}
     rows = []
     for event in (e for e in events if isinstance(e, (TaggedSent, Returned, Got))):
@@ -84,26 +97,35 @@ def tagged_picture(events, *lines):
     bottom = sequence(svg, top + 42, lanes, rows, lanes["TaggedUpstream"] + 70) + 28
     got = ", ".join(str(call_of(e.line)[0]) for e in events if isinstance(e, Got))
     upstream = next(e.upstream for e in events if isinstance(e, Waited) and e.upstream.tagged)
-    svg.text(16, bottom, f"the replies' ids came back {got}; connections opened: {upstream.connections}", 13,
+    svg.text(16, bottom,
+             f"the replies' ids came back {got}; connections opened: {upstream.connections}", 13,
              GREEN if upstream.connections == 1 else RED, bold=True)
     return svg
 
 
 def draw_tagged_out_of_order(runs):
-    return tagged_picture(runs["out_of_order"], "Part three, scenario 5: request ids, three calls over one connection")
+    return tagged_picture(runs["out_of_order"],
+                          "Part three, scenario 5: request ids, three calls over one connection")
 
 
 def draw_head_of_line(runs):
     events = runs["slow_key"]
-    # in the log's order the picture would vary: whether a quick reply beats the next request is the scheduler's
-    requests_first = [e for e in events if not isinstance(e, Got)] + [e for e in events if isinstance(e, Got)]
-    svg = tagged_picture(requests_first, "Part three, scenario 6: a slow key and the fast keys behind it",
-                         "with ids: every request drawn first, then the replies as the client's reader took them")
-    # the twin's first wait (its pause hook waits on none): the demo's, for 3 replies ready while GET slow is held
+    # in the log's order the picture would vary:
+    # whether a quick reply beats the next request is the scheduler's
+    requests_first = ([e for e in events if not isinstance(e, Got)]
+                      + [e for e in events if isinstance(e, Got)])
+    svg = tagged_picture(requests_first,
+                         "Part three, scenario 6: a slow key and the fast keys behind it",
+                         "with ids: every request drawn first, "
+                         "then the replies as the client's reader took them")
+    # the twin's first wait (its pause hook waits on none):
+    # the demo's, for 3 replies ready while GET slow is held
     held = next(e for e in events if isinstance(e, Waited) and not e.upstream.tagged)
     y = svg.bottom + 44
-    svg.text(16, y, f"without ids, pipelined on one socket: while GET slow was held, replies ready {held.ready}, "
-             f"written {held.replies}; then, in order, behind it:", 13, RED, bold=True)
+    svg.text(16, y,
+             "without ids, pipelined on one socket: while GET slow was held, "
+             f"replies ready {held.ready}, written {held.replies}; then, in order, behind it:",
+             13, RED, bold=True)
     x = 16
     for index, line in enumerate(held.upstream.written):
         x += svg.bytes_box(x, y + 14, line.encode() + b"\n", None, wrong=index > 0) + 4
@@ -111,10 +133,12 @@ def draw_head_of_line(runs):
 
 
 def draw_late_reply(runs):
-    return tagged_picture(runs["late_reply"], "Part three, scenario 7: a timed-out call's late reply, dropped by id")
+    return tagged_picture(runs["late_reply"],
+                          "Part three, scenario 7: a timed-out call's late reply, dropped by id")
 
 
-PICTURES = {   # file name -> (run the scenarios: ({scenario: its events}, what they printed), draw from those)
+# file name -> (run the scenarios: ({scenario: its events}, what they printed), draw from those)
+PICTURES = {
     "part3-redis-line-pool.svg": (record_part3, draw_redis_line_pool),
     "part3-tagged-out-of-order.svg": (record_part3, draw_tagged_out_of_order),
     "part3-head-of-line.svg": (record_part3, draw_head_of_line),

@@ -38,7 +38,8 @@ def text_width(content, size):
 
 class Svg:
     """An SVG picture that grows to hold what is drawn on it: every shape widens its extent, text by
-    its estimated width; a shape left of or above the origin is a layout bug, and render() raises."""
+    its estimated width; a shape left of or above the origin is a layout bug, and render()
+    raises."""
 
     def __init__(self, title):
         self.title = title
@@ -61,7 +62,8 @@ class Svg:
         self._cover(x1, y1, x2, y2)
         extra = f' stroke-dasharray="{dash}"' if dash else ""
         self.parts.append(f'<line x1="{number(x1)}" y1="{number(y1)}" x2="{number(x2)}" '
-                          f'y2="{number(y2)}" stroke="{stroke}" stroke-width="{number(width)}"{extra}/>')
+                          f'y2="{number(y2)}" stroke="{stroke}" '
+                          f'stroke-width="{number(width)}"{extra}/>')
 
     def polygon(self, points, fill):
         for x, y in points:
@@ -80,7 +82,8 @@ class Svg:
                           f'fill="{fill}"{anchor_attribute}{weight}>{escape(content)}</text>')
 
     def bytes_box(self, x, y, data, owner, size=13, wrong=False):
-        """A box 24 high holding bytes as a label, filled with their owner's colour; returns its width."""
+        """A box 24 high holding bytes as a label, filled with their owner's colour; returns its
+        width."""
         fill, stroke = colours(owner)
         width = text_width(visible(data), size) + 10
         self.rect(x, y, width, 24, fill, RED if wrong else stroke, 2.5 if wrong else 1, radius=3)
@@ -88,15 +91,18 @@ class Svg:
         return width
 
     def legend(self, x, y, entries, owners="", owned="bytes", size=12):
-        """A legend line, left to right: "<owner>'s bytes" in each owner's colours, then (label, fill, stroke) each."""
-        for label, fill, stroke in [(f"{owner}'s {owned}", *colours(owner)) for owner in owners] + entries:
+        """A legend line, left to right: "<owner>'s bytes" in each owner's colours, then (label,
+        fill, stroke) each."""
+        for label, fill, stroke in ([(f"{owner}'s {owned}", *colours(owner)) for owner in owners]
+                                    + entries):
             self.rect(x, y - size + 1, size, size, fill, stroke, 1.5)
             self.text(x + size + 6, y, label, size, INK)
             x += size + 6 + text_width(label, size) + 22
 
     def render(self, margin=16):
         if self.left < 0 or self.top < 0:
-            raise ValueError(f"{self.title!r}: drawn outside the picture at ({self.left}, {self.top})")
+            raise ValueError(
+                f"{self.title!r}: drawn outside the picture at ({self.left}, {self.top})")
         width, height = number(self.right + margin), number(self.bottom + margin)
         return "\n".join([
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -109,7 +115,8 @@ class Svg:
 
 
 def titled(*lines):
-    """A picture titled by its first line, shown bold with a line or two under it: (the Svg, the y below them)."""
+    """A picture titled by its first line, shown bold with a line or two under it: (the Svg, the y
+    below them)."""
     svg = Svg(lines[0])
     y = 28
     svg.text(16, y, lines[0], 16, INK, bold=True)
@@ -120,25 +127,27 @@ def titled(*lines):
 
 
 def split(chunks, lengths):
-    """The stream laid end to end from (tag, bytes) chunks, cut into consecutive pieces of the given lengths:
-    a [(tag, bytes)] per piece, a chunk's bytes in each piece they overlap."""
-    starts = [0, *itertools.accumulate(len(data) for _, data in chunks)]   # where each chunk begins
+    """The stream laid end to end from (tag, bytes) chunks, cut into consecutive pieces of the given
+    lengths: a [(tag, bytes)] per piece, a chunk's bytes in each piece they overlap."""
+    # where each chunk begins
+    starts = [0, *itertools.accumulate(len(data) for _, data in chunks)]
     found, start = [], 0
     for length in lengths:
         end = start + length
-        found.append([(tag, data[max(start - at, 0):end - at]) for (tag, data), at in zip(chunks, starts)
+        found.append([(tag, data[max(start - at, 0):end - at])
+                      for (tag, data), at in zip(chunks, starts)
                       if at < end and at + len(data) > start])
         start = end
     return found
 
 
 def sequence(svg, top, lanes, rows, remarks_x, row=34):
-    """A sequence diagram from `top`: a named box and a dashed lifeline per lane ({name: x}), then one row
-    per event down the page; returns the lifelines' bottom.
+    """A sequence diagram from `top`: a named box and a dashed lifeline per lane ({name: x}), then
+    one row per event down the page; returns the lifelines' bottom.
 
-    A row is ("arrow", from lane, to lane, bytes, owner, wrong, remark): an arrow in its owner's colour under
-    the bytes it carries, or ("note", lane, label, owner, wrong, remark): a box on the lane. Wrong rows are
-    red; a remark is written at remarks_x."""
+    A row is ("arrow", from lane, to lane, bytes, owner, wrong, remark): an arrow in its owner's
+    colour under the bytes it carries, or ("note", lane, label, owner, wrong, remark): a box on the
+    lane. Wrong rows are red; a remark is written at remarks_x."""
     bottom = top + row * (len(rows) + 1)
     for lane, x in lanes.items():
         width = max(110, text_width(lane, 13) + 14)
@@ -152,8 +161,10 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
             x1, x2 = lanes[lane], lanes[target]
             tone = RED if wrong else colours(owner)[1]
             toward = 1 if x2 > x1 else -1   # right or left
-            svg.line(x1, y, x2 - 8 * toward, y, tone, 2.5 if wrong else 1.5)   # then a head 8 long, 8 wide
-            svg.polygon([(x2, y), (x2 - 8 * toward, y + 4 * toward), (x2 - 8 * toward, y - 4 * toward)], tone)
+            # then a head 8 long, 8 wide
+            svg.line(x1, y, x2 - 8 * toward, y, tone, 2.5 if wrong else 1.5)
+            svg.polygon([(x2, y), (x2 - 8 * toward, y + 4 * toward),
+                         (x2 - 8 * toward, y - 4 * toward)], tone)
             label = visible(data)
             label_x = min(x1, x2) + 12
             svg.rect(label_x - 3, y - 20, text_width(label, 13) + 6, 17, "#ffffff")
@@ -162,7 +173,8 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
             label, owner, wrong, remark = drawn
             width = text_width(label, 12) + 14
             fill, stroke = (RED_FILL, RED) if wrong else colours(owner)
-            svg.rect(lanes[lane] - width / 2, y - 15, width, 22, fill, stroke, 2 if wrong else 1, radius=3)
+            svg.rect(lanes[lane] - width / 2, y - 15, width, 22, fill, stroke, 2 if wrong else 1,
+                     radius=3)
             svg.text(lanes[lane], y + 1, label, 12, RED if wrong else INK, "middle", bold=True)
         if remark:
             svg.text(remarks_x, y + 4, remark, 12, RED if wrong else MUTED, bold=wrong)
@@ -172,9 +184,9 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
 def borrows(svg, top, rule, note, rows, left=16):
     """A pool's borrows as steps, from `top`; returns the bottom.
 
-    The rule and a note, then a row per borrow (client, request, got, verdict, tone): what it sent, the pieces
-    (owner, bytes, wrong) it got and its verdict. Bytes are in the colour of the client whose request they
-    answer, outlined red where they answer another request, or none."""
+    The rule and a note, then a row per borrow (client, request, got, verdict, tone): what it sent,
+    the pieces (owner, bytes, wrong) it got and its verdict. Bytes are in the colour of the client
+    whose request they answer, outlined red where they answer another request, or none."""
     svg.text(left, top, rule, 14, INK, bold=True)
     svg.text(left, top + 18, note, 12, MUTED)
     y = top + 46

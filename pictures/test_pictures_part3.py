@@ -24,7 +24,8 @@ pytestmark = pytest.mark.xdist_group("test_pictures_part3")
 
 HERE = ROOT
 TAPPED = [(FramedProxy, "handle"), (FramedProxy, "exchange"), (FramedProxy, "read_reply"),
-          (tagged.TaggedClient, "__init__"), (tagged.TaggedClient, "call"), (tagged.TaggedClient, "on_event"),
+          (tagged.TaggedClient, "__init__"), (tagged.TaggedClient, "call"),
+          (tagged.TaggedClient, "on_event"),
           (tagged.TaggedUpstream, "wait_until")]
 SECTIONS = [   # the transcript sections the run that draws them prints
     "A pool that frames Redis replies by line: the tail goes to the next borrower",
@@ -57,8 +58,9 @@ def run_of(runs):
 
 
 def test_the_checked_in_part3_pictures_are_exactly_the_ones_drawn():
+    # drawn from the redis-py venvs: the last test here
     checked_in = sorted(path.name for path in (HERE / "pictures").glob("part3-*.svg")
-                        if path.name != draw_wild.NAME)   # drawn from the redis-py venvs: the last test here
+                        if path.name != draw_wild.NAME)
     assert checked_in == sorted(pictures_part3.PICTURES)
 
 
@@ -73,19 +75,22 @@ def test_each_part3_picture_is_what_its_scenarios_draw_now_byte_for_byte(runs, n
 def test_recording_changes_nothing_the_scenarios_print_and_every_wrap_is_undone(runs):
     _, printed, seconds, before, after = run_of(runs)
     assert printed == "".join(transcript_section("part3.txt", title) for title in SECTIONS)
-    assert before == after and before[-1] is None   # wait_until, inherited, is not left as TaggedUpstream's own
+    # wait_until, inherited, is not left as TaggedUpstream's own
+    assert before == after and before[-1] is None
     assert seconds < 10
 
 
 def test_the_line_pool_recording_shows_the_tail_of_as_reply_delivered_to_b(runs):
     events = run_of(runs)[0]["line_pool"]
     reads = [e for e in events if isinstance(e, RedisRead)]
-    assert [(e.client, e.reply) for e in reads] == [("A", b"$5\r\n"), ("B", b"hello\r\n"), ("C", b"$5\r\n")]
-    assert [got for _, _, got, _, _ in pictures_part3.redis_rows(reads)] == [   # (whose reply, bytes, wrong)
+    assert [(e.client, e.reply) for e in reads] == [("A", b"$5\r\n"), ("B", b"hello\r\n"),
+                                                    ("C", b"$5\r\n")]
+    # (whose reply, bytes, wrong)
+    assert [got for _, _, got, _, _ in pictures_part3.redis_rows(reads)] == [
         [("A", b"$5\r\n", False)], [("A", b"hello\r\n", True)], [("B", b"$5\r\n", True)]]
 
 
-def test_the_out_of_order_recording_sends_ids_in_order_gets_replies_out_of_order_each_to_its_call(runs):
+def test_out_of_order_recording_sends_ids_in_order_gets_replies_out_of_order_each_to_its_call(runs):
     events = run_of(runs)[0]["out_of_order"]
     assert [e.line for e in events if isinstance(e, TaggedSent)] == [
         b"1 GET alpha\n", b"2 GET bravo\n", b"3 GET charlie\n"]
@@ -96,20 +101,23 @@ def test_the_out_of_order_recording_sends_ids_in_order_gets_replies_out_of_order
         (b"3 GET charlie\n", b"charlie=CCCCCCCCCCCC\n")]
 
 
-def test_the_slow_key_recording_has_the_fast_replies_pass_it_with_ids_and_wait_behind_it_without(runs):
+def test_slow_key_recording_has_the_fast_replies_pass_it_with_ids_and_wait_behind_it_without(runs):
     events = run_of(runs)[0]["slow_key"]
     assert [tagged.parse_tagged(e.line)[0] for e in events if isinstance(e, Got)] == [2, 3, 4, 1]
     untagged = [e for e in events if isinstance(e, Waited) and not e.upstream.tagged]
-    assert [(e.ready, e.replies) for e in untagged] == [(3, 0), (4, 4)]   # while GET slow is held; at the end
+    # while GET slow is held; at the end
+    assert [(e.ready, e.replies) for e in untagged] == [(3, 0), (4, 4)]
     assert list(untagged[0].upstream.written) == [
         "slow=SSSSSSSSSSSS", "a=AAAAAAAAAAAA", "b=BBBBBBBBBBBB", "c=CCCCCCCCCCCC"]
 
 
 def test_the_late_reply_recording_drops_the_given_up_calls_id_and_serves_the_later_ones(runs):
     events = run_of(runs)[0]["late_reply"]
-    assert [(type(e).__name__, *e) for e in events if isinstance(e, (TaggedSent, Got, Returned))] == [
+    assert [(type(e).__name__, *e)
+            for e in events if isinstance(e, (TaggedSent, Got, Returned))] == [
         ("TaggedSent", b"1 GET slow\n"), ("Returned", b"1 GET slow\n", "CallTimeout"),
-        ("TaggedSent", b"2 GET next\n"), ("Got", b"1 slow=SSSSSSSSSSSS"), ("Got", b"2 next=NNNNNNNNNNNN"),
+        ("TaggedSent", b"2 GET next\n"), ("Got", b"1 slow=SSSSSSSSSSSS"),
+        ("Got", b"2 next=NNNNNNNNNNNN"),
         ("Returned", b"2 GET next\n", b"next=NNNNNNNNNNNN\n"), ("TaggedSent", b"3 GET after\n"),
         ("Got", b"3 after=AAAAAAAAAAAA"), ("Returned", b"3 GET after\n", b"after=AAAAAAAAAAAA\n")]
     assert {e.upstream.connections for e in events if isinstance(e, Waited)} == {1}
@@ -117,8 +125,10 @@ def test_the_late_reply_recording_drops_the_given_up_calls_id_and_serves_the_lat
 
 def test_the_resp_pool_recording_gives_every_client_whole_replies_over_one_connection(runs):
     reads = [e for e in run_of(runs)[0]["resp_pool"] if isinstance(e, RedisRead)]
-    assert [len({e.via for e in part}) for part in (reads[:4], reads[4:], reads)] == [1, 8, 9]   # the transcript's 24
-    assert [resp.reply_size(e.reply) == len(e.reply) and e.rest == b"" for e in reads] == [True] * 28
+    # the transcript's 24
+    assert [len({e.via for e in part}) for part in (reads[:4], reads[4:], reads)] == [1, 8, 9]
+    assert ([resp.reply_size(e.reply) == len(e.reply) and e.rest == b"" for e in reads]
+            == [True] * 28)
     assert len({e.connection for e in reads}) == 1
 
 
@@ -126,6 +136,8 @@ def test_the_resp_pool_recording_gives_every_client_whole_replies_over_one_conne
 def test_the_wild_picture_is_what_the_leaking_and_the_fixed_redis_py_draw_now_byte_for_byte():
     need_redis()
     need_wild_venvs(incident)
-    drawn = draw_wild.draw({version: draw_wild.record(version) for version in draw_wild.SHOWN}).render()
+    drawn = draw_wild.draw({version: draw_wild.record(version)
+                            for version in draw_wild.SHOWN}).render()
     assert (ROOT / "pictures" / draw_wild.NAME).read_text(encoding="utf-8") == drawn, \
-        "pictures/part3-wild.svg is stale: run `python3 -m pictures.draw_wild` and look at it"
+        ("pictures/part3-wild.svg is stale: "
+         "run `python3 -m pictures.draw_wild` and look at it")
