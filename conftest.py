@@ -37,7 +37,8 @@ def tracked_socket_init(self, *args, **kwargs):
 
 socket.socket.__init__ = tracked_socket_init
 
-ignored_during_test = []   # sys.unraisablehook appends each exception Python ignored; the guard reads it
+# sys.unraisablehook appends each exception Python ignored; the guard reads it
+ignored_during_test = []
 
 
 def note_ignored(unraisable):

@@ -34,7 +34,8 @@ def test_protocol_answers_get_ping_and_says_what_is_wrong_with_anything_else():
     assert answer(b"GET alpha") == b"alpha=AAAAAAAAAAAA\n"
     assert len(answer(b"GET alpha")) == 19 and len(answer(b"GET beta")) == 18
     assert answer(b"PING") == b"PONG\n"
-    assert answer(b"GET alpGET beta") == b"ERR expected 'GET <key>' or 'PING', got 'GET alpGET beta'\n"
+    assert answer(b"GET alpGET beta") == (
+        b"ERR expected 'GET <key>' or 'PING', got 'GET alpGET beta'\n")
     assert answer(b"\x00\xff").startswith(b"ERR ")
 
 
@@ -52,7 +53,8 @@ def test_upstream_frames_its_input_however_the_bytes_are_cut():
 # --- NaiveProxy: a correct byte relay that misdelivers -------------------------
 
 def test_naive_relay_forwards_every_byte_exactly_once():
-    with Upstream() as upstream, NaiveProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+    with (Upstream() as upstream, NaiveProxy(upstream.addr) as proxy,
+          contextlib.ExitStack() as stack):
         a, b = connect(stack, proxy.addr), connect(stack, proxy.addr)
         proxy.wait_connections(2)
         a.send(b"GET alp")
@@ -78,7 +80,8 @@ def test_broadcast_routing_gives_both_clients_both_answers():
 
 
 def test_naive_relay_is_right_with_one_request_in_flight_on_one_upstream_connection():
-    with Upstream() as upstream, NaiveProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+    with (Upstream() as upstream, NaiveProxy(upstream.addr) as proxy,
+          contextlib.ExitStack() as stack):
         crowd = kit.clients(stack, proxy.addr, 8)
         right = sum(kit.ask_in_turn(client, kit.keys_for(index))
                     for index, client in enumerate(crowd))
@@ -121,7 +124,8 @@ def test_pool_with_three_clients_in_flight_opens_three_under_a_cap_of_eight():
 
 
 def test_pipelined_client_is_served_without_another_recv():
-    with Upstream() as upstream, FramedProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+    with (Upstream() as upstream, FramedProxy(upstream.addr) as proxy,
+          contextlib.ExitStack() as stack):
         client = connect(stack, proxy.addr)
         client.send(b"GET alpha\nGET beta\nPING\n")   # one write, three requests, then silence
         assert [client.read_line() for _ in range(3)] == [
@@ -136,7 +140,8 @@ def test_framed_reader_stops_at_the_delimiter_and_bytes_past_it_are_dirty():
             theirs.sendall(b"alpha=AAAAAAAAAAAA\nbeta=BB")   # one recv: a reply and a half
             reply, rest = proxy.read_reply(ours)
             assert (reply, rest) == (b"alpha=AAAAAAAAAAAA\n", b"beta=BB")
-            assert proxy.in_step(b"GET alpha\n", reply, rest) is False   # the reply stands, the connection goes
+            # the reply stands, the connection goes
+            assert proxy.in_step(b"GET alpha\n", reply, rest) is False
             assert proxy.in_step(b"GET alpha\n", reply, b"") is True
             theirs.sendall(b"BBBBBBBBBB\n")
             assert proxy.read_reply(ours, rest) == (b"beta=BBBBBBBBBBBB\n", b"")
@@ -163,7 +168,8 @@ def test_a_pause_longer_than_the_release_timeout_cuts_a_reply_only_for_the_timeo
         assert proxy.release_timeout < GC_PAUSE
         first, second = connect(stack, proxy.addr), connect(stack, proxy.addr)
         first.send(b"GET alpha\n")
-        got = first.read_line() if release == "framed" else first.sock.recv(64)   # no b"\n" to wait for
+        # no b"\n" to wait for
+        got = first.read_line() if release == "framed" else first.sock.recv(64)
         second.send(b"GET bravo\n")
         wanted = {"framed": (b"alpha=AAAAAAAAAAAA\n", b"bravo=BBBBBBBBBBBB\n"),
                   "timeout": (b"alpha=", b"AAAAAAAAAAAA\n")}   # the tail is the next borrower's
@@ -179,7 +185,8 @@ def test_pool_release_must_be_framed_or_timeout():
 
 @pytest.mark.parametrize("server", ["upstream", "framed"])
 def test_overlong_line_gets_an_err_line_and_other_clients_carry_on(server):
-    with Upstream() as upstream, FramedProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+    with (Upstream() as upstream, FramedProxy(upstream.addr) as proxy,
+          contextlib.ExitStack() as stack):
         target = upstream if server == "upstream" else proxy
         bystander, flooder = connect(stack, target.addr), connect(stack, target.addr)
         bystander.send(b"GET alp")
@@ -190,7 +197,8 @@ def test_overlong_line_gets_an_err_line_and_other_clients_carry_on(server):
 
 
 def test_garbage_gets_an_err_line_and_the_connection_still_serves():
-    with Upstream() as upstream, FramedProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+    with (Upstream() as upstream, FramedProxy(upstream.addr) as proxy,
+          contextlib.ExitStack() as stack):
         client = connect(stack, proxy.addr)
         client.send(b"\x00\xff\xfe junk\nPING\n")
         assert client.read_line().startswith(b"ERR expected 'GET <key>' or 'PING'")
@@ -246,7 +254,8 @@ def test_unreachable_upstream_gives_an_err_line_and_frees_the_pool_slot():
 
 
 def test_naive_relay_whose_upstream_died_closes_a_client_that_arrives_later():
-    with Upstream() as upstream, NaiveProxy(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+    with (Upstream() as upstream, NaiveProxy(upstream.addr) as proxy,
+          contextlib.ExitStack() as stack):
         early = connect(stack, proxy.addr)
         assert kit.ask_in_turn(early, ["alpha"]) == 1   # registered, and answered
         upstream.close()
@@ -310,12 +319,12 @@ def test_close_does_not_wait_out_a_gate_that_was_never_reached():
         assert time.monotonic() - started < upstream.hook_timeout / 2
         assert client.read_to_eof() == b""
 
-
 LINE_CEILING = 521   # lines of code tcp_proxy.py may hold (README: the line budget)
 
 
 def test_the_lesson_module_stays_under_its_line_ceiling():
     assert code_lines(HERE / "tcp_proxy.py") <= LINE_CEILING
+
 
 
 @pytest.mark.parametrize("proxy_class", [PassthroughProxy, FramedProxy])
@@ -328,11 +337,11 @@ def test_workers_share_the_port_each_serves_some_clients_and_close_ends_every_pr
                     sock.sendall(b"GET k%d\n" % n)
                     assert next(tcp_proxy.read_lines(sock)) == answer(b"GET k%d" % n).rstrip(b"\n")
             upstream.wait_requests(clients)
-            assert 0 < proxy.connections < clients   # this process's share; the other served the rest
+            # this process's share; the other served the rest
+            assert 0 < proxy.connections < clients
             (other,) = proxy._worker_pids
         with pytest.raises(ChildProcessError):   # reaped by close(): no such child any more
             os.waitpid(other, os.WNOHANG)
-
 
 # --- the demo ----------------------------------------------------------------------
 
@@ -364,7 +373,8 @@ def test_demo_list_names_the_nine_scenarios_and_only_runs_one(capsys):
 
 def test_only_keeps_the_number_a_scenario_has_in_the_full_run_for_every_part(capsys):
     # the one runner serves demo.py, --managed and --part3: --only runs one of any list
-    scenarios = [(name, f"Scenario {name}", lambda name=name: print(f"  ran {name}")) for name in "abc"]
+    scenarios = [(name, f"Scenario {name}", lambda name=name: print(f"  ran {name}"))
+                 for name in "abc"]
     assert demo.run(scenarios, only="c") == 0
     assert capsys.readouterr().out == "== 3. Scenario c ==\n  ran c\n\n"
     assert demo.main(["--managed", "--only", "failover"]) == 0
@@ -395,7 +405,8 @@ def test_race_says_its_numbers_are_one_runs_and_the_pool_makes_no_mistake(capsys
 
 def test_dishonest_scenario_trusting_pool_shifts_and_framed_pool_closes_dirty():
     received, proxy = demo.dishonest_trial(TrustingPool)
-    assert received == {"A": [b"alpha1=AAAAAAAAAAAA\n", b"bravo1=BBBBBBBBBBBB\n", b"alpha2=AAAAAAAAAAAA\n"],
+    assert received == {"A": [b"alpha1=AAAAAAAAAAAA\n", b"bravo1=BBBBBBBBBBBB\n",
+                              b"alpha2=AAAAAAAAAAAA\n"],
                         "B": [faults.EXTRA] * 3}
     assert (proxy.dirty, proxy.opened) == (0, 1)
     received, proxy = demo.dishonest_trial(FramedProxy)
@@ -418,7 +429,8 @@ def take_turns(proxy_addr, rounds=3):
 # how the upstream misbehaves -> (its fault on every reply, on the first one only, cut_at)
 MISBEHAVIOURS = {"extra": ("extra", None, None), "extra-later": ("extra-later", None, None),
                  "drop-first": (None, "skip", None), "endless": ("endless", None, None),
-                 "hang-up": ("hang-up", None, None), "mid-reply": ("cut", None, 6), "silent": ("skip", None, None)}
+                 "hang-up": ("hang-up", None, None), "mid-reply": ("cut", None, 6),
+                 "silent": ("skip", None, None)}
 # mode -> (right answers of 6, ERR lines of 6) where the outcome does not depend on timing
 EXACT_OUTCOMES = {"extra": (6, 0), "drop-first": (5, 1), "endless": (0, 6), "mid-reply": (0, 6),
                   "silent": (0, 6)}
@@ -437,7 +449,8 @@ def test_framed_pool_gives_its_own_reply_or_an_err_line_whatever_the_upstream(mo
     for replies, expected in zip(received, own):
         for got, want in zip(replies, expected):
             assert got == want or got.startswith(b"ERR upstream"), (mode, got)
-    right = sum(got == want for replies, expected in zip(received, own) for got, want in zip(replies, expected))
+    right = sum(got == want for replies, expected in zip(received, own)
+                for got, want in zip(replies, expected))
     errors = sum(got.startswith(b"ERR") for replies in received for got in replies)
     if mode in EXACT_OUTCOMES:
         assert (right, errors) == EXACT_OUTCOMES[mode]
@@ -460,7 +473,8 @@ def test_a_reply_that_answers_another_request_is_an_err_line_never_a_wrong_answe
         # or is read as beta's reply (in_step() refuses it): beta is never answered EXTRA
         assert kit.ask_in_turn(client, ["alpha"]) == 1
         client.send(b"GET beta\n")
-        assert client.read_line() in (b"beta=BBBBBBBBBBBB\n", b"ERR upstream: out of step: a reply of 6 bytes "
+        assert client.read_line() in (b"beta=BBBBBBBBBBBB\n",
+                                      b"ERR upstream: out of step: a reply of 6 bytes "
                                       b"does not answer b'GET beta\\n'\n")
         assert proxy.dirty in (1, 2)   # beta's own EXTRA may come in the same recv() as its reply
 
@@ -468,7 +482,8 @@ def test_a_reply_that_answers_another_request_is_an_err_line_never_a_wrong_answe
 def test_an_idle_connection_that_speaks_unasked_is_closed_before_it_is_lent():
     with FaultyUpstream(every="extra-later") as upstream, FramedProxy(upstream.addr) as proxy, \
             contextlib.ExitStack() as stack:
-        upstream.later = lambda reply_number: proxy.wait_released(reply_number)   # EXTRA only once idle
+        # EXTRA only once idle
+        upstream.later = lambda reply_number: proxy.wait_released(reply_number)
         client = connect(stack, proxy.addr)
         assert kit.ask_in_turn(client, ["alpha"]) == 1
         upstream.wait_extras(1)   # EXTRA waits on the idle connection: a peek, not a read, finds it
@@ -573,7 +588,8 @@ def test_a_client_that_never_reads_is_no_longer_read_and_memory_stays_bounded():
         client = connect(stack, upstream.addr)
         client.sock.settimeout(0.5)
         sent = 0
-        with contextlib.suppress(TimeoutError):   # no progress for 0.5 s: the upstream stopped reading
+        # no progress for 0.5 s: the upstream stopped reading
+        with contextlib.suppress(TimeoutError):
             for sent in range(1, 1001):
                 client.sock.sendall(b"GET %s\n" % key)
         assert sent < 1000

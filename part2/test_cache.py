@@ -62,7 +62,7 @@ def test_policy_none_counts_errors_but_never_disables():
 @settings(max_examples=200, deadline=None)
 @given(threshold=st.integers(1, 3),
        steps=st.lists(st.sampled_from(["error", "success", 0.5, 1.0, 3.0, 70.0]), max_size=40))
-def test_each_window_lasts_min_doubled_per_disable_since_the_last_success_capped_at_max(threshold, steps):
+def test_each_window_is_min_doubled_per_disable_since_last_success_capped_at_max(threshold, steps):
     clock = VirtualClock()
     cache = ReliabilityCache(policy="independent", threshold=threshold, clock=clock)
     errors = disables = opened = 0   # errors and disables since the last success; windows in all
@@ -161,7 +161,8 @@ def test_a_setting_derived_as_none_is_inherited_the_clock_included():
     clock = VirtualClock()
     parent = ReliabilityCache(policy="independent", threshold=2, clock=clock)
     child = parent.derive(clock=None, threshold=None, disable_timeout_min=3.0)
-    assert child.clock is clock and child.setting("threshold") == 2 and child.setting("policy") == "independent"
+    assert (child.clock is clock and child.setting("threshold") == 2
+            and child.setting("policy") == "independent")
     child.record_error(A)
     child.record_error(A)
     assert not child.is_enabled(A) and child.windows[-1][1:3] == (0.0, 3.0)
@@ -218,7 +219,8 @@ def test_the_caches_counters_lose_no_bump_from_threads_bumping_at_once_and_wake_
     for thread in threads:
         thread.join()
     assert waiter.result() == "woke" and (child.successes, parent.successes) == (20000, 20000)
-    assert parent.waiters == 0 and repr(parent).startswith("<ReliabilityCache errors=0, successes=20000")
+    assert parent.waiters == 0 and repr(parent).startswith(
+        "<ReliabilityCache errors=0, successes=20000")
 
 
 # --- settings --------------------------------------------------------------------------
@@ -237,14 +239,16 @@ def test_an_unknown_setting_is_a_type_error_everywhere_and_changes_nothing():
     for change in (cache.configure, cache.derive, caches.set_global_rcache_config):
         with pytest.raises(TypeError, match="treshold"):
             change(policy="any_failing_port_disables_host", treshold=5)
-    assert cache.setting("policy") == "independent" and caches.global_rcache().setting("policy") == "none"
+    assert (cache.setting("policy") == "independent"
+            and caches.global_rcache().setting("policy") == "none")
 
 
 def test_a_rejected_change_is_never_visible_even_while_it_is_checked():
     cache = ReliabilityCache()
     seen = []
 
-    class Spy:   # a threshold that, when the check compares it, records the policy in force and fails
+    # a threshold that, when the check compares it, records the policy in force and fails
+    class Spy:
         def __lt__(self, other):
             seen.append(cache.setting("policy"))
             return True
@@ -266,8 +270,8 @@ def test_the_cache_spells_out_the_contracts_signature():
     assert {name: parameter.default for name, parameter in parameters.items()} == {
         "policy": "none", "threshold": 1, "disable_timeout_min": 1.0, "disable_timeout_max": 64.0,
         "availability": None, "clock": None, "parent": None, "on_event": None}
-    assert [name for name, parameter in parameters.items() if parameter.kind is parameter.KEYWORD_ONLY] == [
-        "parent", "on_event"]
+    assert [name for name, parameter in parameters.items()
+            if parameter.kind is parameter.KEYWORD_ONLY] == ["parent", "on_event"]
     assert ReliabilityCache("independent", 2).setting("threshold") == 2
     assert ReliabilityCache("independent").setting("policy") == "independent"
 
@@ -293,7 +297,8 @@ def test_a_derived_cache_asks_each_availability_callback_once():
 def test_a_raising_cache_callback_changes_nothing_but_its_count():
     def raises(*args):
         raise RuntimeError("a bug in the user's callback")
-    cache = ReliabilityCache(policy="independent", availability=raises, on_event=raises, clock=VirtualClock())
+    cache = ReliabilityCache(policy="independent", availability=raises, on_event=raises,
+                             clock=VirtualClock())
     assert cache.is_enabled(A)   # an availability callback that raises has no say
     cache.record_error(A)        # the window opens; its on_event raised
     assert (cache.disables, cache.callback_errors, cache.is_enabled(A)) == (1, 2, False)

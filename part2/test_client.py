@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from part2.managed import (ManagedClient, ManagedError, ManagedSet, ReliabilityCache, ServiceUnavailable,
-                           VirtualClock)
+from part2.managed import (ManagedClient, ManagedError, ManagedSet, ReliabilityCache,
+                           ServiceUnavailable, VirtualClock)
 from part2.managed_demo import in_background, outcome
 from scaffolding.faults import FaultyUpstream
 from tcp_proxy import Hooks, answer
@@ -44,14 +44,16 @@ def test_non_fatal_timeout_keeps_the_connection_the_late_reply_is_discarded_and_
         client.wait_sent(2)
         upstream.release()
         assert second.result() == "banana=BBBBBBBBBBBB"
-        assert (client.discarded, client.connects, client.errors, client.pending_calls) == (1, 1, 0, 0)
+        assert (client.discarded, client.connects, client.errors,
+                client.pending_calls) == (1, 1, 0, 0)
         client.shut_down()
 
 
 def test_fatal_timeout_destroys_the_connection_and_the_next_call_gets_its_own_reply():
     clock = VirtualClock()
     with FaultyUpstream(hold={1}) as upstream:
-        client = ManagedClient(upstream.addr, msg_timeout=1.0, msg_timeout_is_fatal=True, clock=clock)
+        client = ManagedClient(upstream.addr, msg_timeout=1.0, msg_timeout_is_fatal=True,
+                               clock=clock)
         first = in_background(client.call, b"GET apple\n")
         client.wait_sent(1)
         upstream.wait_held(1)   # reply 1 is the one held: no later reply takes its number
@@ -66,7 +68,8 @@ def test_fatal_timeout_destroys_the_connection_and_the_next_call_gets_its_own_re
 def test_after_a_fatal_timeout_the_other_calls_on_the_connection_are_lost_not_timed_out():
     clock = VirtualClock()
     with FaultyUpstream(hold={1}) as upstream:
-        client = ManagedClient(upstream.addr, msg_timeout=1.0, msg_timeout_is_fatal=True, clock=clock)
+        client = ManagedClient(upstream.addr, msg_timeout=1.0, msg_timeout_is_fatal=True,
+                               clock=clock)
         first = in_background(client.call, b"GET a\n")
         client.wait_written(1)
         clock.advance(0.5)
@@ -74,7 +77,8 @@ def test_after_a_fatal_timeout_the_other_calls_on_the_connection_are_lost_not_ti
         client.wait_written(2)
         clock.advance(0.5)
         assert first.result() == "MessageTimeout: no reply within 1.0s"
-        assert second.result() == "MessageLost: another call's fatal message timeout closed the connection"
+        assert second.result() == (
+            "MessageLost: another call's fatal message timeout closed the connection")
         assert client.errors == 1
         client.shut_down()
 
@@ -95,7 +99,7 @@ def test_the_forgetful_knob_really_misdelivers_a_late_reply():
         client.shut_down()
 
 
-def test_timeouts_as_users_write_them_inf_or_too_long_for_a_wait_mean_never_and_nan_is_a_value_error():
+def test_user_timeouts_inf_or_too_long_for_a_wait_mean_never_and_nan_is_a_value_error():
     with FaultyUpstream() as upstream:
         for never in (math.inf, 1e10):
             for fatal in (False, True):
@@ -183,7 +187,8 @@ def test_on_event_tells_of_each_request_sent_call_timed_out_and_reply_with_the_c
         ("timed out", 1.0, ((b"GET apple\n", True),), False),
         ("reply", 1.0, (), False)]
     assert steps[0][5] == steps[1][5] == b"GET apple\n"
-    assert steps[2][5] == b"apple=AAAAAAAAAAAA\n" and steps[2][6].request == b"GET apple\n" and steps[2][6].abandoned
+    assert (steps[2][5] == b"apple=AAAAAAAAAAAA\n" and steps[2][6].request == b"GET apple\n"
+            and steps[2][6].abandoned)
     assert len({id(event[2]) for event in steps}) == 1   # one connection, told as the same object
 
 
@@ -195,10 +200,13 @@ def test_a_callback_that_raises_is_counted_logged_once_and_changes_no_call_and_n
         raise RuntimeError("a bug in the user's callback")
     with FaultyUpstream() as upstream:
         client = ManagedClient(upstream.addr, idle_timeout=0, msg_timeout=5.0, on_event=on_event)
-        replies = [client.call(b"GET %d\n" % n) for n in range(4)]   # each call connects: 3 transitions
+        # each call connects: 3 transitions
+        replies = [client.call(b"GET %d\n" % n) for n in range(4)]
         assert replies == [b"%d=%d" % (n, n) + b"%d" % n * 11 + b"\n" for n in range(4)]
-        assert seen == [("down", "connecting"), ("connecting", "up"), "sent", ("up", "down"), "reply"] * 4
-        assert (client.callback_errors, client.errors, client.connects, client.state) == (20, 0, 4, "down")
+        assert seen == [("down", "connecting"), ("connecting", "up"), "sent", ("up", "down"),
+                        "reply"] * 4
+        assert (client.callback_errors, client.errors, client.connects,
+                client.state) == (20, 0, 4, "down")
         client.shut_down()
     logged = [record for record in caplog.records if record.name == "part2.managed"]
     assert len(logged) == 1 and "ManagedClient" in logged[0].getMessage() and logged[0].exc_info
@@ -212,7 +220,8 @@ def test_a_callback_may_call_the_client_it_hears_from_even_on_the_initial_pings_
 
         def on_event(source, event):
             if event[1:3] == ("connecting", "up") and not from_callback:
-                from_callback.append(client.call(b"GET h\n"))   # on the loop's thread, at a turn's end
+                # on the loop's thread, at a turn's end
+                from_callback.append(client.call(b"GET h\n"))
                 heard.set()
         client = ManagedClient(upstream.addr, initial_ping=True, msg_timeout=5.0, on_event=on_event)
         assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"

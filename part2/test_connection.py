@@ -37,15 +37,17 @@ def test_a_failed_initial_ping_fails_every_waiting_call_and_sends_no_user_reques
         calls = [in_background(client.call, b"GET secret\n") for _ in range(2)]
         client.wait_calls(2)
         upstream.wait_requests(1)
-        client.wait_waiting(2)   # both wait on the ping: advanced sooner, one could time out as "no connection"
+        # both wait on the ping: advanced sooner, one could time out as "no connection"
+        client.wait_waiting(2)
         assert client.state == "connecting"
         clock.advance(1.0)
-        assert [call.result() for call in calls] == ["MessageTimeout: initial ping not answered within 1.0s"] * 2
+        assert [call.result() for call in calls] == [
+            "MessageTimeout: initial ping not answered within 1.0s"] * 2
         assert list(upstream.parsed) == ["PING"] and client.errors == 1
         client.shut_down()
 
 
-def test_a_deadline_passing_once_the_ping_is_sent_fails_its_caller_with_a_timeout_not_a_lost_message():
+def test_a_deadline_passing_once_the_ping_is_sent_is_a_timeout_not_a_lost_message():
     """The clock moves in the callback that hears the ping sent: its deadline has passed when
     the next turn looks. (With a thread per connection the write itself could come late: a
     request not written in time. On the loop the ping is written in the turn it is queued.)"""
@@ -78,7 +80,8 @@ def test_on_the_real_clock_an_unanswered_initial_ping_times_out_before_its_calle
         with pytest.raises(MessageTimeout, match="initial ping not answered within 0.5s"):
             client.call(b"GET a\n")
         assert (client.state, client.errors, cache.errors) == ("down", 1, 1)
-        assert client.transition_log[-1] == ("connecting", "down", "initial ping not answered in time")
+        assert client.transition_log[-1] == ("connecting", "down",
+                                             "initial ping not answered in time")
         upstream.wait_requests(1)
         assert list(upstream.parsed) == ["PING"]
         client.shut_down()
@@ -114,11 +117,13 @@ def test_an_answered_initial_ping_is_a_success_that_resets_the_cache_entry():
 
 def test_an_accept_and_close_upstream_costs_one_connection_one_error_and_ends_by_the_deadline():
     with FaultyUpstream(on_connect="close") as upstream:
-        for attempt in range(1, 11):   # the EOF races the call's send and its own check: try both ways
+        # the EOF races the call's send and its own check: try both ways
+        for attempt in range(1, 11):
             cache = ReliabilityCache()
             client = ManagedClient(upstream.addr, rcache=cache, msg_timeout=0.5)
             started = time.monotonic()
-            with pytest.raises((CommunicationError, MessageLost), match="upstream closed the connection"):
+            with pytest.raises((CommunicationError, MessageLost),
+                               match="upstream closed the connection"):
                 client.call(b"GET a\n")
             assert time.monotonic() - started < 0.55
             assert (client.connects, client.errors, cache.errors, client.state) == (1, 1, 1, "down")
@@ -138,7 +143,8 @@ def test_idle_eof_takes_the_client_down_without_an_error_and_the_next_call_recon
         client.wait_transitions(3)
         upstream.restart()
         assert client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
-        assert [t[:2] for t in client.transition_log] == [("down", "connecting"), ("connecting", "up"),
+        assert [t[:2] for t in client.transition_log] == [("down", "connecting"),
+                                                       ("connecting", "up"),
                                                        ("up", "down"), ("down", "connecting"),
                                                        ("connecting", "up")]
         assert client.transition_log[2][2] == "upstream closed the idle connection"
@@ -194,8 +200,10 @@ def test_an_error_counts_once_per_connection_not_once_per_pending_call():
         assert [f"{n}={n}" + str(n) * 11 for n, result in enumerate(results) if result != lost] == \
             [result for result in results if result != lost]
         assert (client.errors, cache.errors, client.pending_calls) == (1, 1, 0)
-        assert client.transition_log[-1] == ("up", "down", "upstream closed the connection with 2 call(s) owed")
-        assert upstream.requests == 3 and client.connects == 1   # the client never retries by itself
+        assert client.transition_log[-1] == (
+            "up", "down", "upstream closed the connection with 2 call(s) owed")
+        # the client never retries by itself
+        assert upstream.requests == 3 and client.connects == 1
         client.shut_down()
 
 
@@ -231,7 +239,8 @@ def test_the_framings_max_reply_bounds_a_reply_that_has_not_ended():
     class ShortLines(LineFraming):
         max_reply = 16
 
-    with FaultyUpstream(hold={2}, split_at=20) as upstream:   # reply 2: its first 20 bytes, then held
+    # reply 2: its first 20 bytes, then held
+    with FaultyUpstream(hold={2}, split_at=20) as upstream:
         client = ManagedClient(upstream.addr, framing=ShortLines())
         assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n"   # 15 bytes
         assert outcome(client.call, b"GET " + b"k" * 40 + b"\n") == \
@@ -239,7 +248,8 @@ def test_the_framings_max_reply_bounds_a_reply_that_has_not_ended():
         upstream.release()
         assert (client.errors, client.state) == (1, "down")
         client.shut_down()
-    with FaultyUpstream(every="endless") as endless:   # MAX_LINE + 1 bytes and no end: LINES' own bound
+    # MAX_LINE + 1 bytes and no end: LINES' own bound
+    with FaultyUpstream(every="endless") as endless:
         client = ManagedClient(endless.addr)
         assert outcome(client.call, b"GET a\n") == \
             f"MessageLost: upstream out of step: a reply longer than {MAX_LINE} bytes"
@@ -248,7 +258,7 @@ def test_the_framings_max_reply_bounds_a_reply_that_has_not_ended():
 
 # --- writes under their deadline ------------------------------------------------------------
 
-def test_a_request_larger_than_the_buffers_to_a_deaf_upstream_times_out_and_so_does_the_one_behind():
+def test_a_request_larger_than_buffers_to_a_deaf_upstream_times_out_and_so_does_the_one_behind():
     clock = VirtualClock()
     with FaultyUpstream(on_connect="deaf") as upstream:
         client = ManagedClient(upstream.addr, msg_timeout=0.5, clock=clock)
@@ -258,8 +268,9 @@ def test_a_request_larger_than_the_buffers_to_a_deaf_upstream_times_out_and_so_d
         client.wait_calls(2)
         clock.advance(0.5)
         assert big.result() == "MessageTimeout: request not sent within 0.5s"
-        assert small.result() in ("MessageTimeout: request not sent within 0.5s",
-                                  "MessageLost: a request not written in time closed the connection")
+        assert small.result() in (
+            "MessageTimeout: request not sent within 0.5s",
+            "MessageLost: a request not written in time closed the connection")
         assert (client.sent, client.errors, client.state) == (1, 1, "down")
         client.shut_down()
 
@@ -269,13 +280,16 @@ def test_a_write_that_must_wait_on_a_descriptor_select_cannot_watch_times_out_cl
     if hard != resource.RLIM_INFINITY and hard < 2048:
         pytest.skip(f"needs 2,048 descriptors, the hard limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
-    fillers = []   # descriptors taking every number up to 1023, so the client's socket gets a higher one
+    # descriptors taking every number up to 1023, so the client's socket gets a higher one
+    fillers = []
     try:
         while not fillers or fillers[-1] < 1024:
             fillers.append(os.open(os.devnull, os.O_RDONLY))
         with FaultyUpstream(on_connect="deaf") as upstream:
-            client = ManagedClient(upstream.addr, msg_timeout=0.5)   # real time: the write must block, and wait
-            big = in_background(client.call, b"GET " + b"k" * (64 << 20) + b"\n")   # more than buffers hold
+            # real time: the write must block, and wait
+            client = ManagedClient(upstream.addr, msg_timeout=0.5)
+            # more than buffers hold
+            big = in_background(client.call, b"GET " + b"k" * (64 << 20) + b"\n")
             assert big.result() == "MessageTimeout: request not sent within 0.5s"
             assert (client.sent, client.written, client.errors, client.state) == (1, 0, 1, "down")
             assert client.transition_log[-1][2] == "a request not written in time"
@@ -309,7 +323,8 @@ def test_idle_timeout_zero_closes_right_after_the_last_reply_and_negative_never_
         for client in (eager, patient):
             client.call(b"GET a\n")
             client.call(b"GET b\n")
-        assert eager.connects == 2 and "idle" in eager.transition_log[-1][2] and eager.state == "down"
+        assert (eager.connects == 2 and "idle" in eager.transition_log[-1][2]
+                and eager.state == "down")
         assert patient.connects == 1 and patient.state == "up"
         eager.shut_down()
         patient.shut_down()
@@ -351,5 +366,6 @@ def test_abandoned_calls_and_the_transition_log_are_bounded(monkeypatch):
         client = ManagedClient(upstream.addr, idle_timeout=0)
         for _ in range(30):
             client.call(b"GET a\n")
-        assert client.transitions == 90 and len(client.transition_log) == clients.TRANSITIONS_KEPT == 64
+        assert (client.transitions == 90
+                and len(client.transition_log) == clients.TRANSITIONS_KEPT == 64)
         client.shut_down()

@@ -36,11 +36,13 @@ def test_choose_prefers_an_idle_client_to_a_busy_one_wherever_it_stands_and_has_
 def test_below_pending_calls_norm_the_busiest_client_is_packed_as_in_ocamlnet():
     norm = 3
     assert [choose(pending, 2, norm, None) for pending in ([0], [1], [2], [3])] == [0, 0, 0, 1]
-    assert choose([2, 1], 2, norm, None) == 0   # both below the norm: the busier; the other idles out
+    # both below the norm: the busier; the other idles out
+    assert choose([2, 1], 2, norm, None) == 0
 
 
 def test_balance_load_orders_services_by_pending_calls_and_failover_by_position_tried_ones_last():
-    assert list(service_order(3, [1, 0, 0], ())) == [1, 2, 0]   # balance_load: by load, then position
+    # balance_load: by load, then position
+    assert list(service_order(3, [1, 0, 0], ())) == [1, 2, 0]
     assert list(service_order(3, None, ())) == [0, 1, 2]        # failover: by position
     assert list(service_order(3, None, {0, 1})) == [2, 0, 1]
     assert list(service_order(3, [0, 5, 1], {2})) == [0, 1, 2]
@@ -71,7 +73,8 @@ def test_pick_skips_services_the_cache_has_disabled():
 def test_difference_pick_asks_the_cache_about_every_service_before_it_chooses():
     asked = []
     managed_set = ManagedSet([(A, 1), (B, 1)], policy="failover",
-                             rcache=ReliabilityCache(availability=lambda addr: asked.append(addr) or True))
+                             rcache=ReliabilityCache(
+                                 availability=lambda addr: asked.append(addr) or True))
     assert managed_set.pick()[1] == 0 and asked == [A, B]
     managed_set.shut_down()
 
@@ -85,7 +88,8 @@ def test_an_abandoned_call_counts_in_load_so_the_next_pick_opens_another_connect
         upstream.wait_held(1)   # reply 1 is the one held: no later reply takes its number
         clock.advance(1.0)
         assert late.result() == "MessageTimeout: no reply within 1.0s"
-        assert managed_set.load() == [1] and managed_set.attempts == 1   # call() does not retry a timeout
+        # call() does not retry a timeout
+        assert managed_set.load() == [1] and managed_set.attempts == 1
         client, _ = managed_set.pick()
         assert client is managed_set.clients[0][1]
         assert client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
@@ -98,8 +102,8 @@ def test_an_abandoned_call_counts_in_load_so_the_next_pick_opens_another_connect
 def test_a_silent_upstream_behind_a_capped_set_never_wedges_it():
     clock = VirtualClock()
     with FaultyUpstream(every="skip") as upstream:
-        managed_set = ManagedSet([(upstream.addr, 1)], pending_calls_max=1, msg_timeout=1.0, idle_timeout=5.0,
-                                 clock=clock)
+        managed_set = ManagedSet([(upstream.addr, 1)], pending_calls_max=1, msg_timeout=1.0,
+                                 idle_timeout=5.0, clock=clock)
         for number, at in enumerate((0.0, 10.0, 100.0, 1000.0), start=1):
             clock.advance(at - clock.now())
             late = in_background(managed_set.call, b"GET a\n")
@@ -142,8 +146,9 @@ def test_call_retries_a_refused_connection_on_the_next_service():
 def test_call_never_retries_a_sent_request_but_idempotent_call_does_after_idempotent_wait():
     clock = VirtualClock()
     with FaultyUpstream() as upstream:
+        # Ocamlnet's default: never disables
         managed_set = ManagedSet([(upstream.addr, 1)], clock=clock, idempotent_wait=5.0,
-                                 rcache=ReliabilityCache(clock=clock))   # Ocamlnet's default: never disables
+                                 rcache=ReliabilityCache(clock=clock))
         upstream.fail_next(1)
         with pytest.raises(MessageLost):
             managed_set.call(b"GET a\n")
@@ -258,7 +263,8 @@ def test_failover_with_no_cache_given_answers_every_call_and_skips_a_dead_a_unti
     clock = VirtualClock()
     with FaultyUpstream() as live:
         attempts = []
-        managed_set = ManagedSet([(closed_port_addr(), 1), (live.addr, 1)], policy="failover", clock=clock,
+        managed_set = ManagedSet([(closed_port_addr(), 1), (live.addr, 1)], policy="failover",
+                                 clock=clock,
                                  on_event=lambda source, event: attempts.append(event[2:])
                                  if event[0] == "attempt" else None)
         tried = []
@@ -280,8 +286,10 @@ def test_a_one_service_set_never_refuses_because_of_one_lost_message():
     with FaultyUpstream() as upstream:
         managed_set = ManagedSet([(upstream.addr, 1)], clock=clock)
         upstream.fail_next(1)
-        assert outcome(managed_set.call, b"GET a\n") == "MessageLost: upstream closed the connection"
-        assert not managed_set.rcache.is_enabled(upstream.addr)   # disabled for 1 s, and the only one
+        assert outcome(managed_set.call, b"GET a\n") == (
+            "MessageLost: upstream closed the connection")
+        # disabled for 1 s, and the only one
+        assert not managed_set.rcache.is_enabled(upstream.addr)
         assert managed_set.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"
         assert (managed_set.refusals, managed_set.panics, clock.now()) == (0, 1, 0.0)
         managed_set.shut_down()
@@ -312,12 +320,16 @@ def test_with_every_service_disabled_by_its_own_cache_a_set_tries_the_one_whose_
         assert managed_set.call(b"GET k\n") == b"k=KKKKKKKKKKKK\n"
         assert (managed_set.attempts, managed_set.panics, managed_set.refusals) == (1, 1, 0)
         managed_set.rcache.record_error(b.addr)   # B again, from 0.5 to 2.5 s: now A's ends first
-        assert outcome(managed_set.call, b"GET k\n") == "CommunicationError: cannot connect: Connection refused"
-        assert (managed_set.attempts, managed_set.panics) == (2, 2)   # A refused; no service left untried
-        managed_set.rcache.configure(availability=lambda addr: False)   # a callback that refuses is obeyed
+        assert outcome(managed_set.call, b"GET k\n") == (
+            "CommunicationError: cannot connect: Connection refused")
+        # A refused; no service left untried
+        assert (managed_set.attempts, managed_set.panics) == (2, 2)
+        # a callback that refuses is obeyed
+        managed_set.rcache.configure(availability=lambda addr: False)
         assert outcome(managed_set.call, b"GET k\n").startswith("ClusterServiceUnavailable")
         managed_set.shut_down()
-    given = ReliabilityCache(policy="independent", clock=clock)   # a cache the user gives: Ocamlnet's rule
+    # a cache the user gives: Ocamlnet's rule
+    given = ReliabilityCache(policy="independent", clock=clock)
     ocamlnet = ManagedSet([(A, 1)], rcache=given, clock=clock)
     given.record_error(A)
     with pytest.raises(ClusterServiceUnavailable):
@@ -351,13 +363,16 @@ def test_callbacks_that_call_load_from_many_threads_never_deadlock():
         cache = ReliabilityCache(availability=lambda addr: loads.append(managed_set.load()) or True)
         managed_set = ManagedSet([(upstream.addr, 4)], rcache=cache,
                                  on_event=lambda source, event: loads.append(managed_set.load()))
-        workers = [in_background(lambda n=n: [managed_set.call(b"GET k%d\n" % n) for _ in range(200)])
+        workers = [in_background(lambda n=n: [managed_set.call(b"GET k%d\n" % n)
+                                              for _ in range(200)])
                    for n in range(4)]
-        assert [worker.result() for worker in workers] == [[b"k%d=KKKKKKKKKKKK\n" % n] * 200 for n in range(4)]
+        assert [worker.result() for worker in workers] == [
+            [b"k%d=KKKKKKKKKKKK\n" % n] * 200 for n in range(4)]
         # per call: pick() asks availability, the set notes the attempt, the client tells of its
         # request sent and of its reply; per client, its 2 transitions (a call the set placed is
         # not asked about again: the pick and the placing are one step of the loop)
-        assert managed_set.attempts == 800 and len(loads) == 800 * 4 + 2 * len(managed_set.clients[0])
+        assert (managed_set.attempts == 800
+                and len(loads) == 800 * 4 + 2 * len(managed_set.clients[0]))
         managed_set.shut_down()
 
 
@@ -375,7 +390,8 @@ def test_a_raising_attempt_callback_never_replaces_the_reply():
 def test_shut_down_from_callbacks_on_the_loops_thread_shuts_every_client_and_ends_the_loop():
     clock = VirtualClock()
     returned = threading.Condition()   # notified as each callback's shut_down() returns
-    shut_by = set()                    # the clients whose up -> down callback shut the set down and returned
+    # the clients whose up -> down callback shut the set down and returned
+    shut_by = set()
 
     def on_event(source, event):
         if event[1:3] == ("up", "down"):   # an idle timeout: on the loop's thread, in its turn
@@ -384,7 +400,8 @@ def test_shut_down_from_callbacks_on_the_loops_thread_shuts_every_client_and_end
                 shut_by.add(source)
                 returned.notify_all()
     with FaultyUpstream(gate=6) as upstream:   # no reply until six calls are in: six clients
-        managed_set = ManagedSet([(upstream.addr, 6)], clock=clock, idle_timeout=5.0, on_event=on_event)
+        managed_set = ManagedSet([(upstream.addr, 6)], clock=clock, idle_timeout=5.0,
+                                 on_event=on_event)
         calls = [in_background(managed_set.call, b"GET a\n") for _ in range(6)]
         assert [call.result() for call in calls] == ["a=AAAAAAAAAAAA"] * 6
         clients = list(managed_set.clients[0])
@@ -393,7 +410,9 @@ def test_shut_down_from_callbacks_on_the_loops_thread_shuts_every_client_and_end
         with returned:
             assert returned.wait_for(lambda: len(shut_by) == 6, Hooks.hook_timeout), shut_by
         assert [client.state for client in clients] == ["down"] * 6
-        assert [outcome(client.call, b"GET b\n") for client in clients] == ["ManagedError: client shut down"] * 6
+        assert [outcome(client.call, b"GET b\n") for client in clients] == [
+            "ManagedError: client shut down"] * 6
         assert sum(client.callback_errors for client in clients) == 0
-        assert not managed_set.loop.thread.is_alive() or managed_set.loop.stopping   # it ends after that turn
+        # it ends after that turn
+        assert not managed_set.loop.thread.is_alive() or managed_set.loop.stopping
         managed_set.shut_down()   # from here: joins the loop's thread

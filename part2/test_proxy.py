@@ -123,7 +123,8 @@ def test_a_default_proxy_pipelines_once_its_connections_are_busy():
     with FaultyUpstream(gate=3) as upstream:   # no reply until three requests are in
         with ManagedProxy([(upstream.addr, 1)]) as proxy:
             clients = [in_background(ask, proxy.addr, [f"GET {key}"]) for key in "abc"]
-            assert [client.result() for client in clients] == [[f"{key}={key.upper() * 12}"] for key in "abc"]
+            assert [client.result() for client in clients] == [[f"{key}={key.upper() * 12}"]
+                                                               for key in "abc"]
     assert upstream.connections == 1
 
 
@@ -153,7 +154,8 @@ def test_a_client_that_never_reads_is_not_read_once_its_replies_pile_up_and_the_
     with FaultyUpstream() as upstream, ManagedProxy([(upstream.addr, 1)]) as proxy, \
             socket.create_connection(proxy.addr) as flooder:
         flooder.settimeout(0.5)
-        with contextlib.suppress(TimeoutError):   # until nothing more goes: the proxy stopped reading
+        # until nothing more goes: the proxy stopped reading
+        with contextlib.suppress(TimeoutError):
             while True:
                 flooder.sendall(request * 64)
         assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
@@ -181,7 +183,7 @@ def test_close_answers_what_is_owed_with_an_error_and_closes_every_socket():
         assert not proxy.loop.thread.is_alive() and proxy.loop.stopped
 
 
-def test_a_client_connection_that_cannot_be_set_up_is_closed_and_the_next_one_is_served(monkeypatch):
+def test_a_client_connection_that_cannot_be_set_up_is_closed_and_the_next_is_served(monkeypatch):
     made = []
 
     class FailsOnce(proxies.ProxyClient):
@@ -206,7 +208,8 @@ def test_an_accept_that_fails_for_want_of_descriptors_rests_the_listener_and_the
         assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]   # the upstream connection is open
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 1, hard))
-            client = socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout)   # the last one
+            # the last one
+            client = socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout)
             proxy.wait_accept_errors(1)   # accept() found no descriptor for it
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
@@ -220,8 +223,10 @@ def test_an_accept_that_fails_for_want_of_descriptors_rests_the_listener_and_the
 
 def test_proxy_answers_an_upstream_failure_with_an_err_line_and_idempotent_retries_it():
     with FaultyUpstream() as upstream:
-        with ManagedProxy([(upstream.addr, 1)], idempotent_wait=0, rcache=ReliabilityCache()) as proxy:
-            upstream.fail_next(1)   # with no cache given, the error would disable the service for 1 s
+        with ManagedProxy([(upstream.addr, 1)], idempotent_wait=0,
+                          rcache=ReliabilityCache()) as proxy:
+            # with no cache given, the error would disable the service for 1 s
+            upstream.fail_next(1)
             assert ask(proxy.addr, ["GET a", "GET b"]) == [
                 "ERR MessageLost: upstream closed the connection", "b=BBBBBBBBBBBB"]
             assert (proxy.answered, proxy.failed) == (1, 1)
@@ -232,13 +237,15 @@ def test_proxy_answers_an_upstream_failure_with_an_err_line_and_idempotent_retri
 
 
 def test_an_extra_line_from_upstream_never_reaches_another_client():
-    with FaultyUpstream(gate=2) as upstream:   # both requests are on the one connection before any reply
+    # both requests are on the one connection before any reply
+    with FaultyUpstream(gate=2) as upstream:
         upstream.fail_next(1, how="extra")
         with ManagedProxy([(upstream.addr, 1)], rcache=ReliabilityCache()) as proxy:
             clients = [in_background(ask, proxy.addr, [f"GET {key}"]) for key in "ab"]
             replies = [client.result()[0] for client in clients]
     lost = "ERR MessageLost: upstream out of step: a reply did not fit its request"
-    assert replies in (["a=AAAAAAAAAAAA", lost], [lost, "b=BBBBBBBBBBBB"])   # whichever went first is right
+    # whichever went first is right
+    assert replies in (["a=AAAAAAAAAAAA", lost], [lost, "b=BBBBBBBBBBBB"])
 
 
 def test_a_dropped_reply_fails_both_calls_owed_and_idempotent_calls_are_retried_right():
@@ -247,12 +254,13 @@ def test_a_dropped_reply_fails_both_calls_owed_and_idempotent_calls_are_retried_
         with ManagedProxy([(upstream.addr, 1)], idempotent=True, idempotent_wait=0,
                           rcache=ReliabilityCache()) as proxy:
             clients = [in_background(ask, proxy.addr, [f"GET {key}"]) for key in "ab"]
-            assert [client.result() for client in clients] == [["a=AAAAAAAAAAAA"], ["b=BBBBBBBBBBBB"]]
+            assert [client.result() for client in clients] == [["a=AAAAAAAAAAAA"],
+                                                               ["b=BBBBBBBBBBBB"]]
             assert proxy.managed_set.attempts == 4 and proxy.managed_set.clients[0][0].errors == 1
     assert sorted(upstream.parsed) == ["GET a", "GET a", "GET b", "GET b"]
 
 
-def test_a_call_unanswered_within_the_message_timeout_ends_its_connection_every_call_owed_an_error():
+def test_a_call_unanswered_within_msg_timeout_ends_its_connection_every_call_owed_an_error():
     clock = VirtualClock()
     cache = ReliabilityCache(clock=clock)
     with FaultyUpstream(hold={1, 2}) as upstream, \
@@ -282,7 +290,7 @@ def test_a_default_proxy_in_front_of_a_dead_a_and_a_live_b_answers_at_once():
             assert time.monotonic() - started < 1.0 and proxy.managed_set.attempts == 4
 
 
-def test_a_one_service_proxy_whose_connects_are_refused_errs_at_once_and_answers_once_its_upstream_is_back():
+def test_a_one_service_proxy_errs_at_once_on_refused_connects_and_answers_once_upstream_is_back():
     upstream = FaultyUpstream()
     upstream.close()
     try:
@@ -290,18 +298,23 @@ def test_a_one_service_proxy_whose_connects_are_refused_errs_at_once_and_answers
             started = time.monotonic()
             assert ask(proxy.addr, ["GET a", "GET b", "GET c"]) == [
                 "ERR CommunicationError: cannot connect: Connection refused"] * 3
-            assert time.monotonic() - started < 1.0   # was 10.0 s to the first ERR: two idempotent_waits
-            # b and c found the only service disabled (a's window: 1 s, on the real clock) and tried it anyway
-            assert (proxy.managed_set.attempts, proxy.managed_set.retries, proxy.managed_set.refusals) == (3, 0, 0)
+            # was 10.0 s to the first ERR: two idempotent_waits
+            assert time.monotonic() - started < 1.0
+            # b and c found the only service disabled (a's window: 1 s, on the real clock) and
+            # tried it anyway
+            assert (proxy.managed_set.attempts, proxy.managed_set.retries,
+                    proxy.managed_set.refusals) == (3, 0, 0)
             upstream.restart()
             assert ask(proxy.addr, ["GET d"]) == ["d=DDDDDDDDDDDD"]   # at once, window or no window
-            assert proxy.managed_set.refusals == 0 and proxy.managed_set.rcache.is_enabled(upstream.addr)
+            assert (proxy.managed_set.refusals == 0
+                    and proxy.managed_set.rcache.is_enabled(upstream.addr))
     finally:
         upstream.close()
 
 
 def ask_once(addr, line):
-    """One request line through a proxy; its reply read whole, however long (ask() stops at MAX_LINE)."""
+    """One request line through a proxy; its reply read whole, however long (ask() stops at
+    MAX_LINE)."""
     with socket.create_connection(addr, timeout=Hooks.hook_timeout) as sock:
         sock.sendall(line)
         reply = b""
@@ -310,13 +323,15 @@ def ask_once(addr, line):
     return reply
 
 
-def test_a_request_just_over_max_line_is_answered_whole_as_framed_proxy_answers_it_and_disables_nothing():
-    key = b"k" * (MAX_LINE + 4)   # GET and 65,540 bytes: once cut to MAX_LINE, its own reply no longer fit it
+def test_a_request_just_over_max_line_is_answered_whole_as_framed_proxy_does_and_disables_nothing():
+    # GET and 65,540 bytes: once cut to MAX_LINE, its own reply no longer fit it
+    key = b"k" * (MAX_LINE + 4)
     honest = key + b"=KKKKKKKKKKKK\n"
     with FaultyUpstream() as upstream:
         with FramedProxy(upstream.addr) as framed:
             assert ask_once(framed.addr, b"GET " + key + b"\n") == honest
-        with ManagedProxy([(upstream.addr, 1)]) as proxy:   # with the set's own cache, as a user gets it
+        # with the set's own cache, as a user gets it
+        with ManagedProxy([(upstream.addr, 1)]) as proxy:
             assert ask_once(proxy.addr, b"GET " + key + b"\n") == honest
             assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
             client = proxy.managed_set.clients[0][0]
@@ -328,7 +343,8 @@ def test_a_request_just_over_max_line_is_answered_whole_as_framed_proxy_answers_
 
 @contextlib.contextmanager
 def upstream_on_ipv6_loopback():
-    """Scaffolding: the toy protocol served on ::1, one connection at a time; yields its .addr, a 4-tuple."""
+    """Scaffolding: the toy protocol served on ::1, one connection at a time; yields its .addr, a
+    4-tuple."""
     listener = socket.create_server(("::1", 0), family=socket.AF_INET6)
 
     def serve():
@@ -362,20 +378,22 @@ def test_an_upstreams_own_ipv6_address_works_for_a_client_and_a_proxy():
 def test_a_bad_address_or_setting_is_a_value_error_at_once_and_leaves_nothing_made():
     for bad in [("::1",), ("127.0.0.1", "7001"), ("127.0.0.1", 0), ("127.0.0.1", 70000),
                 ("127.0.0.1", 7001, 0), "127.0.0.1:7001", (b"127.0.0.1", 7001), ("", 7001)]:
-        for make in (ManagedClient, lambda addr: ManagedSet([(addr, 1)]), lambda addr: ManagedProxy([(addr, 1)])):
+        for make in (ManagedClient, lambda addr: ManagedSet([(addr, 1)]),
+                     lambda addr: ManagedProxy([(addr, 1)])):
             with pytest.raises(ValueError, match="an address is"):
                 make(bad)
-    with pytest.raises(ValueError, match="policy"):   # a setting only the set reads: nothing left open
+    # a setting only the set reads: nothing left open
+    with pytest.raises(ValueError, match="policy"):
         ManagedProxy([(("127.0.0.1", 7001), 1)], policy="sometimes")
 
 
-# --- the transcript -----------------------------------------------------------------------------------
+# --- the transcript ---------------------------------------------------------------------------
 
 def test_demo_managed_prints_the_golden_transcript_on_every_run():
     with open(os.path.join(HERE, "transcripts", "managed.txt"), encoding="utf-8") as golden:
         expected = golden.read()
     for _ in range(3):
-        run = subprocess.run([sys.executable, "demo.py", "--managed"], cwd=HERE, capture_output=True,
-                             text=True, timeout=60)
+        run = subprocess.run([sys.executable, "demo.py", "--managed"], cwd=HERE,
+                             capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, run.stderr
         assert run.stdout == expected

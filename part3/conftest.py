@@ -1,7 +1,8 @@
 """What part3's session tests share (test_session_*.py, test_sessions.py): the pools a
 client-level test runs through (POOL_KINDS), a raw RESP client, a private redis-server and
-its control connection, and the waits and counts the tests read. A reader of the lesson
-need not read it."""
+its control connection, and the waits and counts the tests read; what test_real_clients.py
+and test_client_libraries.py share: both Redis proxies (REDIS_PROXIES) and redis-py as its
+users make one. A reader of the lesson need not read it."""
 import re
 import socket
 import time
@@ -24,6 +25,14 @@ def make_pool(kind, redis, framing=RESP, pool_cap=4):
     if kind == "ManagedProxy":
         return ManagedProxy([(redis.addr, 1)], framing=framing)
     return FramedProxy(redis.addr, framing=framing, pool_cap=pool_cap)
+
+
+# Both Redis proxies the project builds: the pool that lends a connection per request, and
+# Part two's set, which pipelines every client over one connection (as twemproxy does).
+REDIS_PROXIES = {
+    "FramedProxy": lambda redis, pool_cap: FramedProxy(redis.addr, framing=RESP, pool_cap=pool_cap),
+    "ManagedProxy": lambda redis, pool_cap: ManagedProxy([(redis.addr, 1)], framing=RESP),
+}
 
 
 def array(*items):
@@ -124,6 +133,13 @@ def redis_py(proxy, **options):
     return redis_py_module.Redis(host=proxy.addr[0], port=proxy.addr[1], socket_timeout=10,
                                  **options)
 
+
+
+def redis_py_client(proxy, **options):
+    """redis-py as its users make one: its defaults (RESP3, HELLO 3 as it connects), a
+    timeout the suite can wait out."""
+    import redis as redis_py
+    return redis_py.Redis(host=proxy.addr[0], port=proxy.addr[1], socket_timeout=30, **options)
 
 
 @pytest.fixture(params=POOL_KINDS)

@@ -42,10 +42,12 @@ def test_bytes_resp_cannot_frame_are_out_of_step_in_the_socket_free_pipeline():
 
 
 def test_a_reply_the_framing_cannot_read_is_out_of_step_and_costs_the_call_owed_message_lost():
-    with FaultyUpstream() as upstream:   # it answers in the toy protocol: no RESP reply ends with a bare \n
+    # it answers in the toy protocol: no RESP reply ends with a bare \n
+    with FaultyUpstream() as upstream:
         client = ManagedClient(upstream.addr, framing=RESP)
         assert outcome(client.call, b"GET a\r\n").startswith(
-            "MessageLost: upstream out of step: a reply resp.RESP cannot frame (a RESP line ended by a bare \\n")
+            "MessageLost: upstream out of step: a reply resp.RESP cannot frame "
+            "(a RESP line ended by a bare \\n")
         assert (client.errors, client.replies, client.state) == (1, 0, "down")
         client.shut_down()
 
@@ -61,16 +63,20 @@ def test_a_managed_client_over_resp_pipelines_behind_a_blocked_call_and_matches_
             assert control.command(f"SET pipelined:{n} {value.decode()}") == b"+OK\r\n"
         client = ManagedClient(redis.addr, framing=RESP)
         stack.callback(client.shut_down)
-        blocked = in_background(client.call, b"BLPOP gate 0\r\n")   # Redis answers nothing behind it until a push
+        # Redis answers nothing behind it until a push
+        blocked = in_background(client.call, b"BLPOP gate 0\r\n")
         client.wait_written(1)
         gets = []
         for n in range(4):
             gets.append(in_background(client.call, b"GET pipelined:%d\r\n" % n))
             client.wait_written(n + 2)
-        assert (client.replies, client.pending_calls, client.connects) == (0, 5, 1)   # five on one connection
+        # five on one connection
+        assert (client.replies, client.pending_calls, client.connects) == (0, 5, 1)
         assert control.command("LPUSH gate x") == b":1\r\n"
-        assert blocked.result() == "*2\r\n$4\r\ngate\r\n$1\r\nx\r"   # outcome() drops the last b"\n"
-        assert [get.result() for get in gets] == [f"${len(value)}\r\n{value.decode()}\r" for value in values]
+        # outcome() drops the last b"\n"
+        assert blocked.result() == "*2\r\n$4\r\ngate\r\n$1\r\nx\r"
+        assert [get.result() for get in gets] == [f"${len(value)}\r\n{value.decode()}\r"
+                                                  for value in values]
 
 
 # --- ManagedProxy over RESP -------------------------------------------------------------------
@@ -82,37 +88,44 @@ def test_a_managed_proxy_over_resp_writes_its_errors_in_resp_for_a_redis_client(
         with ManagedProxy([(upstream.addr, 1)], framing=RESP) as proxy, \
                 socket.create_connection(proxy.addr, timeout=5) as client:
             client.sendall(b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n")
-            assert client.recv(4096) == b"-ERR CommunicationError: cannot connect: Connection refused\r\n"
+            assert client.recv(4096) == (
+                b"-ERR CommunicationError: cannot connect: Connection refused\r\n")
     finally:
         upstream.close()
 
 
-def test_a_managed_proxy_over_resp_gives_many_threads_their_own_random_values_over_one_redis_connection():
+def test_a_managed_proxy_over_resp_gives_many_threads_their_own_random_values_on_one_connection():
     need_redis()
     with contextlib.ExitStack() as stack:
         redis, control = redis_and_control(stack)
         proxy = stack.enter_context(ManagedProxy([(redis.addr, 1)], framing=RESP))
 
         def wrong_values(seed):
-            """SET random keys to random values directly, then GET each through the proxy; count the wrong ones."""
+            """SET random keys to random values directly, then GET each through the proxy; count
+            the wrong ones."""
             chooser = random.Random(seed)
             direct = RedisControl(redis.addr)
             wrong = 0
-            with contextlib.closing(direct), socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as sock:
+            with (contextlib.closing(direct),
+                  socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as sock):
                 reader = types.SimpleNamespace(sock=sock, unread=b"")
                 for _ in range(50):
                     key = f"managed:{seed}:{chooser.randrange(10 ** 9)}"
-                    value = "".join(chooser.choices(string.ascii_letters + string.digits, k=chooser.randint(1, 40)))
+                    value = "".join(chooser.choices(string.ascii_letters + string.digits,
+                                                    k=chooser.randint(1, 40)))
                     assert direct.command(f"SET {key} {value}") == b"+OK\r\n"
-                    sock.sendall(f"GET {key}\r\n".encode())   # an inline command, as redis-server reads them
+                    # an inline command, as redis-server reads them
+                    sock.sendall(f"GET {key}\r\n".encode())
                     wrong += read_resp(reader) != f"${len(value)}\r\n{value}\r\n".encode()
             return wrong
         workers = [kit.Background(wrong_values, seed) for seed in range(8)]
         assert [worker.result() for worker in workers] == [0] * 8
         (client,) = proxy.managed_set.clients[0]
         assert (proxy.answered, proxy.failed, client.connects, client.errors) == (400, 0, 1, 0)
-        readers = [line for line in control.command("CLIENT LIST").split(b"\n") if b" cmd=get " in line]
-        assert len(readers) == 1   # every GET came over one connection (the direct ones last sent SET)
+        readers = [line for line in control.command("CLIENT LIST").split(b"\n")
+                   if b" cmd=get " in line]
+        # every GET came over one connection (the direct ones last sent SET)
+        assert len(readers) == 1
 
 
 # --- a client's state, synced in the pipeline --------------------------------------------------

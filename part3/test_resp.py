@@ -21,12 +21,14 @@ EXAMPLES = int(os.environ.get("SOAK", "40"))   # `make soak` raises it; the suit
 
 # --- an encoder, for the tests only ---------------------------------------------------------
 
-simple_text = st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=["Cs"]), max_size=12)
+simple_text = st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=["Cs"]),
+                      max_size=12)
 scalars = st.one_of(
     simple_text.map(lambda text: b"+" + text.encode() + b"\r\n"),
     simple_text.map(lambda text: b"-ERR " + text.encode() + b"\r\n"),
     st.integers(-2**63, 2**63 - 1).map(lambda number: b":%d\r\n" % number),
-    st.binary(max_size=40).map(lambda data: b"$%d\r\n%s\r\n" % (len(data), data)),   # \r\n inside too
+    # \r\n inside too
+    st.binary(max_size=40).map(lambda data: b"$%d\r\n%s\r\n" % (len(data), data)),
     st.just(b"$-1\r\n"),
     st.just(b"*-1\r\n"),
 )
@@ -93,14 +95,16 @@ def cut(data, points):
 # --- the properties ---------------------------------------------------------------------
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(sent=st.lists(replies, min_size=1, max_size=5), points=st.lists(st.integers(0, 10**6), max_size=12))
+@given(sent=st.lists(replies, min_size=1, max_size=5),
+       points=st.lists(st.integers(0, 10**6), max_size=12))
 def test_any_replies_cut_anywhere_are_framed_back_exactly_as_sent(sent, points):
     framed, left = frame_stream(cut(b"".join(sent), points))
     assert framed == sent and left == b""
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(sent=st.lists(replies, min_size=1, max_size=5), points=st.lists(st.integers(0, 10**6), max_size=12))
+@given(sent=st.lists(replies, min_size=1, max_size=5),
+       points=st.lists(st.integers(0, 10**6), max_size=12))
 def test_a_parser_that_keeps_its_place_frames_any_replies_cut_anywhere_as_sent(sent, points):
     framed, left = frame_stream_keeping_place(cut(b"".join(sent), points))
     assert framed == sent and left == b""
@@ -149,7 +153,7 @@ def test_any_resp3_replies_cut_anywhere_are_framed_back_exactly_as_sent(sent, po
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(reply=replies, ends=st.lists(st.integers(0, 10**6), min_size=1, max_size=8))
-def test_a_strict_prefix_of_a_reply_is_unfinished_and_the_whole_fits_a_command_of_any_type(reply, ends):
+def test_a_strict_prefix_of_a_reply_is_unfinished_and_the_whole_fits_any_command_type(reply, ends):
     for end in {end % len(reply) for end in ends} | {0, len(reply) - 1}:
         assert reply_size(reply[:end]) is None
     assert reply_size(reply) == len(reply)
@@ -428,7 +432,8 @@ def test_redis_server_is_stopped_and_waited_for_and_its_directory_removed_when_t
             control = redis_server.RedisControl(redis.addr)
             assert control.command("PING") == b"+PONG\r\n"
             assert control.command("CONFIG GET save") == b"*2\r\n$4\r\nsave\r\n$0\r\n\r\n"
-            assert control.command("CONFIG GET appendonly") == b"*2\r\n$10\r\nappendonly\r\n$2\r\nno\r\n"
+            assert control.command("CONFIG GET appendonly") == (
+                b"*2\r\n$10\r\nappendonly\r\n$2\r\nno\r\n")
             control.close()
             raise RuntimeError("a scenario failed")
     assert process.returncode is not None and not directory.exists()
@@ -448,14 +453,15 @@ def test_redis_server_tries_another_port_when_its_first_one_is_taken(monkeypatch
 
 def test_demo_part3_prints_the_checked_in_transcript():
     need_redis()
-    run = subprocess.run([sys.executable, "demo.py", "--part3"], cwd=HERE, capture_output=True, timeout=60)
+    run = subprocess.run([sys.executable, "demo.py", "--part3"], cwd=HERE, capture_output=True,
+                         timeout=60)
     assert run.stderr == b"" and run.returncode == 0
     assert run.stdout == (HERE / "transcripts" / "part3.txt").read_bytes()
 
 
 def test_demo_part3_without_redis_prints_one_line_on_how_to_install_it_and_exits_successfully():
-    run = subprocess.run([sys.executable, "demo.py", "--part3"], cwd=HERE, capture_output=True, timeout=60,
-                         env={**os.environ, "PATH": "/nonexistent"})
+    run = subprocess.run([sys.executable, "demo.py", "--part3"], cwd=HERE, capture_output=True,
+                         timeout=60, env={**os.environ, "PATH": "/nonexistent"})
     assert (run.stdout.decode(), run.returncode) == (redis_server.INSTALL_HINT + "\n", 0)
     assert "apt-get install redis-server" in redis_server.INSTALL_HINT
 
@@ -493,28 +499,36 @@ def test_the_resp_pool_waits_through_a_reply_cut_after_its_length_line_and_insid
     proxy = None
 
     def until_the_pool_went_back_for_more(reply_number, part):
-        proxy.wait_partial_replies(sum(len(parts) - 1 for parts in cut_replies[:reply_number - 1]) + part - 1)
+        proxy.wait_partial_replies(sum(len(parts) - 1 for parts in cut_replies[:reply_number - 1])
+                                   + part - 1)
 
-    cut_replies = [[b"$5\r\n", b"hello\r\n"],                                  # where a line framing stops
-                   [b"*2\r\n$3\r\none\r\n", b"*1\r\n:7", b"\r\n"]]             # inside a nested array
+    cut_replies = [
+        # where a line framing stops
+        [b"$5\r\n", b"hello\r\n"],
+        # inside a nested array
+        [b"*2\r\n$3\r\none\r\n", b"*1\r\n:7", b"\r\n"]]
+    # the noqa below, F811: the hook above reads proxy
     with ScriptedRedis(cut_replies, until_the_pool_went_back_for_more) as upstream, \
-            FramedProxy(upstream.addr, framing=RESP) as proxy:   # noqa: F811 (the hook above reads it)
+            FramedProxy(upstream.addr, framing=RESP) as proxy:   # noqa: F811
         replies = ask_through(proxy, [b"GET a\r\n", b"LRANGE l 0 -1\r\n"])
         assert replies == [b"$5\r\nhello\r\n", b"*2\r\n$3\r\none\r\n*1\r\n:7\r\n"]
         assert (proxy.opened, proxy.released, proxy.dirty, proxy.partial_replies) == (1, 2, 0, 3)
 
 
-def test_the_resp_pool_closes_a_connection_with_bytes_past_a_reply_and_refuses_a_reply_of_the_wrong_type():
+def test_the_resp_pool_closes_a_connection_with_bytes_past_a_reply_and_refuses_a_wrong_type_reply():
     with ScriptedRedis([[b"$5\r\nhello\r\n+EXTRA\r\n"], [b"+OK\r\n"]]) as upstream, \
             FramedProxy(upstream.addr, framing=RESP) as proxy:
         first = ask_through(proxy, [b"GET a\r\n"])
         assert first == [b"$5\r\nhello\r\n"]   # the reply stands; the connection does not
         assert (proxy.opened, proxy.dirty) == (1, 1)
-    with ScriptedRedis([[b"+OK\r\n"]]) as upstream, FramedProxy(upstream.addr, framing=RESP) as proxy:
+    with ScriptedRedis([[b"+OK\r\n"]]) as upstream, \
+            FramedProxy(upstream.addr, framing=RESP) as proxy:
         with socket.create_connection(proxy.addr, timeout=10) as sock:
             sock.sendall(b"GET a\r\n")
             reply = next(read_lines(sock))
-        assert reply == b"-ERR upstream: out of step: a reply of 5 bytes does not answer b'GET a\\r\\n'\r"   # RESP's form
+        # RESP's form
+        assert reply == (b"-ERR upstream: out of step: a reply of 5 bytes "
+                         b"does not answer b'GET a\\r\\n'\r")
         assert proxy.dirty == 1
 
 

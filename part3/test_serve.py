@@ -35,7 +35,8 @@ def started(*arguments, environ=None):
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=without_passwords() | (environ or {}))
     line = command.stdout.readline()
-    found = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)(?:; stats on 127\.0\.0\.1:(\d+))?\n", line)
+    found = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)"
+                         r"(?:; stats on 127\.0\.0\.1:(\d+))?\n", line)
     if not found:
         command.kill()
         command.communicate()
@@ -79,8 +80,8 @@ def test_serve_runs_a_pool_redis_cli_uses_reports_its_counters_and_ends_cleanly_
 
 
 def test_serve_passes_a_command_allowed_by_name(redis):
-    command, port, _ = started("--upstream", f"127.0.0.1:{redis.addr[1]}", "--listen", "127.0.0.1:0",
-                               "--allow", "FLUSHDB")
+    command, port, _ = started("--upstream", f"127.0.0.1:{redis.addr[1]}",
+                               "--listen", "127.0.0.1:0", "--allow", "FLUSHDB")
     try:
         assert cli(port, "FLUSHDB") == "OK"
     finally:
@@ -88,8 +89,8 @@ def test_serve_passes_a_command_allowed_by_name(redis):
 
 
 def test_a_bad_address_is_refused_with_usage_before_anything_starts():
-    run = subprocess.run([sys.executable, "-m", "part3", "serve", "--upstream", "nowhere"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=START_TIMEOUT)
+    run = subprocess.run([sys.executable, "-m", "part3", "serve", "--upstream", "nowhere"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=START_TIMEOUT)
     assert run.returncode == 2 and "an address is HOST:PORT, not 'nowhere'" in run.stderr
 
 

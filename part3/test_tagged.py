@@ -39,7 +39,8 @@ def get(key):
 def answer_in_order(upstream, keys):
     """A pause hook: the reply to keys[i] leaves only after i replies have been written."""
     position = {key: index for index, key in enumerate(keys)}
-    return lambda key: upstream.wait_until(lambda: upstream.replies >= position[key] or upstream.closed,
+    return lambda key: upstream.wait_until(lambda: upstream.replies >= position[key]
+                                           or upstream.closed,
                                            f"reply {position[key]} of {keys}")
 
 
@@ -108,8 +109,8 @@ def test_any_reply_order_with_some_calls_timed_out_gives_every_reply_to_its_call
                 assert isinstance(results[key], CallTimeout)
             else:
                 assert results[key] == answer(get(key)[:-1])
-        assert (client.replies, client.dropped, client.timeouts) == (count - len(gave_up), len(gave_up),
-                                                                      len(gave_up))
+        assert (client.replies, client.dropped, client.timeouts) == (
+            count - len(gave_up), len(gave_up), len(gave_up))
         assert client.owed == {} and client.abandoned == {} and client.failure is None
 
 
@@ -139,7 +140,8 @@ def test_the_untagged_twin_writes_no_fast_reply_while_the_slow_one_before_it_is_
         with sock:
             sock.sendall(b"GET slow\nGET a\nGET b\n")
             upstream.wait_ready(2)   # both fast replies are ready...
-            assert list(upstream.written) == []   # ...and none has been written: they wait their turn
+            # ...and none has been written: they wait their turn
+            assert list(upstream.written) == []
             release.set()
             upstream.wait_replies(3)
             received = b""
@@ -162,7 +164,8 @@ def test_a_timed_out_calls_late_reply_is_dropped_by_id_while_the_next_call_is_ow
         client.wait_dropped(1)
         assert (client.sent, client.replies, client.dropped, client.timeouts) == (2, 1, 1, 1)
         assert client.abandoned == {} and client.failure is None
-        assert client.call(get("after"), msg_timeout=-1) == answer(b"GET after")   # no race with 10 ms
+        # no race with 10 ms
+        assert client.call(get("after"), msg_timeout=-1) == answer(b"GET after")
         assert upstream.connections == 1
 
 
@@ -175,9 +178,11 @@ def test_a_timed_out_calls_late_reply_is_dropped_by_id_while_the_next_call_is_ow
 ], ids=["duplicate id", "unknown id", "no id"])
 def test_a_reply_out_of_step_fails_every_owed_call_and_every_later_one(script, reason):
     # msg_timeout: a bug that left a call owed for ever would fail the test, not hang it
-    with ScriptedUpstream(script, after=2) as upstream, TaggedClient(upstream.addr, msg_timeout=5) as client:
+    with (ScriptedUpstream(script, after=2) as upstream,
+          TaggedClient(upstream.addr, msg_timeout=5) as client):
         results = {}
-        first = threading.Thread(target=lambda: results.update(first=outcome(client.call, get("x"))))
+        first = threading.Thread(
+            target=lambda: results.update(first=outcome(client.call, get("x"))))
         first.start()
         client.wait_sent(1)
         results["second"] = outcome(client.call, get("y"))
@@ -200,7 +205,8 @@ def outcome(function, *args):
 
 def test_the_upstream_closing_fails_the_owed_call():
     with ScriptedUpstream(b"", after=1) as upstream, TaggedClient(upstream.addr) as client:
-        caller = threading.Thread(target=lambda: results.update(call=outcome(client.call, get("x"))))
+        caller = threading.Thread(
+            target=lambda: results.update(call=outcome(client.call, get("x"))))
         results = {}
         caller.start()
         client.wait_sent(1)
@@ -215,7 +221,8 @@ def test_close_fails_a_call_still_owed_and_later_calls():
         upstream.pause = lambda key: hold.wait(10)
         client = TaggedClient(upstream.addr)
         results = {}
-        caller = threading.Thread(target=lambda: results.update(call=outcome(client.call, get("x"))))
+        caller = threading.Thread(
+            target=lambda: results.update(call=outcome(client.call, get("x"))))
         caller.start()
         upstream.wait_requests(1)
         client.close()
@@ -226,7 +233,7 @@ def test_close_fails_a_call_still_owed_and_later_calls():
         client.close()   # again: nothing
 
 
-def test_on_event_tells_of_each_request_with_its_id_before_it_is_written_and_of_each_reply_line_got():
+def test_on_event_tells_of_each_request_with_its_id_before_writing_and_of_each_reply_line_got():
     told = []
     with TaggedUpstream() as upstream, TaggedClient(upstream.addr) as client:
         client.on_event = lambda source, event: told.append((source is client,) + event)

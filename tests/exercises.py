@@ -17,7 +17,8 @@ from pathlib import Path
 
 from tests.prose import HERE, MODULE, fenced_blocks, text
 
-COPIED = ["*.ini", "*.cfg", "*.toml", "transcripts/*.txt"]   # what a run needs, with every *.py and *.pyc
+# what a run needs, with every *.py and *.pyc
+COPIED = ["*.ini", "*.cfg", "*.toml", "transcripts/*.txt"]
 HOOK_TIMEOUT = re.compile(r"^(\s*hook_timeout = )[\d.]+", re.M)
 SHORT_HOOK_TIMEOUT = "2.0"   # scaffolding: a missing event is reported in 2 s, not 10
 COMMAND = re.compile(r"`((?:python3|\.venv/bin/python) (?:demo\.py|-m pytest)[^`]*)`"
@@ -30,7 +31,8 @@ class Exercise:
 
     def __init__(self, number, module, removed, added, command, broken, failing, fence_line):
         self.number, self.module, self.removed, self.added = number, module, removed, added
-        self.command, self.broken, self.failing, self.fence_line = command, broken, failing, fence_line
+        self.command, self.broken, self.failing, self.fence_line = (
+            command, broken, failing, fence_line)
 
     def __repr__(self):
         return f"exercise {self.number} (line {self.fence_line}, {self.module})"
@@ -62,7 +64,8 @@ def exercises(source=None):
             added=[line[1:] for line in body if line.startswith("+")],
             command=(command.group(1) or command.group(2)) if command else None,
             broken=broken,
-            failing=re.findall(r"\b(test_\w+)", answer) if "pytest" in (command and command.group(0) or "") else [],
+            failing=(re.findall(r"\b(test_\w+)", answer)
+                     if "pytest" in (command and command.group(0) or "") else []),
             fence_line=fence_line))
     return found
 
@@ -77,7 +80,8 @@ def project_files():
     found = [path.relative_to(HERE) for pattern in COPIED for path in HERE.glob(pattern)]
     for folder, subfolders, names in os.walk(HERE):
         subfolders[:] = [name for name in subfolders if not name.startswith(".")]
-        found += [Path(folder).relative_to(HERE) / name for name in names if name.endswith((".py", ".pyc"))]
+        found += [Path(folder).relative_to(HERE) / name
+                  for name in names if name.endswith((".py", ".pyc"))]
     return sorted(found)
 
 
@@ -95,7 +99,8 @@ def edited(exercise, source):
     the removed lines must stand, as whole lines, in exactly one place."""
     found = places(exercise, source)
     if len(found) != 1:
-        return f"{WHY}{exercise.module} holds the removed lines {len(found)} times, not once: {exercise.removed!r}"
+        return (f"{WHY}{exercise.module} holds the removed lines {len(found)} times, not once: "
+                f"{exercise.removed!r}")
     lines = source.splitlines()
     start = found[0]
     lines[start:start + len(exercise.removed)] = exercise.added
@@ -108,7 +113,8 @@ def apply(exercise, directory):
     for path in project_files():
         target = directory / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(HERE / path, target)   # with its time, which a compiled copy is checked against
+        # with its time, which a compiled copy is checked against
+        shutil.copy2(HERE / path, target)
     module = directory / exercise.module
     changed = edited(exercise, module.read_text(encoding="utf-8"))
     if changed.startswith(WHY):

@@ -13,10 +13,12 @@ def code_lines(path):
     for node in ast.walk(ast.parse(text)):
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
             docstring_lines.update(range(body[0].lineno, body[0].end_lineno + 1))
     return sum(1 for number, line in enumerate(text.splitlines(), 1)
-               if line.strip() and not line.strip().startswith("#") and number not in docstring_lines)
+               if line.strip() and not line.strip().startswith("#")
+               and number not in docstring_lines)
 
 
 if __name__ == "__main__":

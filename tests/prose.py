@@ -8,7 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent   # the project's root
 HERE = ROOT
 COMMENTARY = HERE / "COMMENTARY.md"
-TRANSCRIPTS = [HERE / "transcripts" / name for name in ("demo.txt", "managed.txt", "part3.txt", "wild.txt")]
+TRANSCRIPTS = [HERE / "transcripts" / name
+               for name in ("demo.txt", "managed.txt", "part3.txt", "wild.txt")]
 
 FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})[ \t]*([^\s`]*)")
 MODULE = re.compile(r"`([\w./-]+\.py)`")

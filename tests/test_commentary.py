@@ -35,7 +35,8 @@ import demo
 from scaffolding import kit
 from tcp_proxy import MAX_LINE, FramedProxy, Hooks, Server, answer
 
-from tests.prose import (COMMENTARY, HERE, MODULE, blocks_of, contiguous_at, fenced_blocks, headings, runs, section, text, transcripts, without_fences)
+from tests.prose import (COMMENTARY, HERE, MODULE, blocks_of, contiguous_at, fenced_blocks,
+                         headings, runs, section, text, transcripts, without_fences)
 
 
 # --- slices ------------------------------------------------------------------------
@@ -60,13 +61,15 @@ def test_python_slice_is_contiguous_in_the_module_named_just_before_it(block):
     assert named, (f"the python block at line {fence_line} has no backticked *.py in the "
                    f"paragraph before it, so nothing says what it quotes")
     module = HERE / named[-1]
-    assert module.exists(), f"the python block at line {fence_line} quotes {named[-1]}, which does not exist"
+    assert module.exists(), (f"the python block at line {fence_line} quotes {named[-1]}, "
+                             f"which does not exist")
     source = module.read_text(encoding="utf-8").splitlines()
     position = 0
     for run in runs(body):
         found = contiguous_at(source, run, position)
         assert found >= 0, (f"the python block at line {fence_line} is not a contiguous slice "
-                            f"of {named[-1]} from its line {position + 1} on; first line: {run[0]!r}")
+                            f"of {named[-1]} from its line {position + 1} on; "
+                            f"first line: {run[0]!r}")
         position = found + len(run)
 
 
@@ -118,7 +121,8 @@ def test_sections_appear_in_the_reading_order():
     titles = [title for _, title in headings()]
     position = 0
     for pattern in SECTION_ORDER:
-        later = [i for i, title in enumerate(titles) if i >= position and re.search(pattern, title, re.I)]
+        later = [i for i, title in enumerate(titles)
+                 if i >= position and re.search(pattern, title, re.I)]
         assert later, f"no heading matching {pattern!r} after {titles[position - 1]!r}"
         position = later[0] + 1
 
@@ -202,10 +206,12 @@ def figures():
     pause = float(re.search(r"GC_PAUSE = ([\d.]+)", source_of(HERE / "test_tcp_proxy.py")).group(1))
     reruns = number_in(HERE / "test_tcp_proxy.py", r"for _ in range\((\d+)\)\]")
     check_runs = number_in(HERE / "Makefile", r"seq (\d+)")
-    few_cap = number_in(HERE / "test_tcp_proxy.py", r"FramedProxy\(upstream.addr, pool_cap=(\d+)\) as proxy:\n"
+    few_cap = number_in(HERE / "test_tcp_proxy.py",
+                        r"FramedProxy\(upstream.addr, pool_cap=(\d+)\) as proxy:\n"
                         r"\s+assert demo.many_clients\(proxy.addr, count=\d+\)")
     few = number_in(HERE / "test_tcp_proxy.py", r"many_clients\(proxy.addr, count=(\d+)\)")
-    few_opened = number_in(HERE / "test_tcp_proxy.py", r"count=\d+\) == \d+\n\s+assert proxy.opened == (\d+)")
+    few_opened = number_in(HERE / "test_tcp_proxy.py",
+                           r"count=\d+\) == \d+\n\s+assert proxy.opened == (\d+)")
     phrases = [
         # the protocol
         f"and {len(alpha) - len(b'alpha=') - 1} copies of",
@@ -257,7 +263,8 @@ def figures():
     conditions = {
         "port 0": '("127.0.0.1", 0)' in source_of(Server.__init__),
         "exits 1": "return 1" in source_of(demo.run),
-        "Nothing: 0 bytes": 'half_close_trial(False) == b""' in source_of(HERE / "test_tcp_proxy.py"),
+        "Nothing: 0 bytes": ('half_close_trial(False) == b""'
+                             in source_of(HERE / "test_tcp_proxy.py")),
         "1 client": "for count in (1, 2)" in source_of(demo.race),
         "2 clients": "for count in (1, 2)" in source_of(demo.race),
     }
@@ -269,7 +276,8 @@ NOT_FIGURES = re.compile("|".join([
     r"RFC\s?\d+", r"§\s?[\d.]*\d", r"CVE-\d{4}-\d+", r"\bHTTP/\d(\.\d)?", r"\bPython \d+(\.\d+)*",
     r"\blayer[- ]\d\b", r"\bIPv\d\b", r"\b(19|20)\d\d\b", r"\b(issues?|PRs?|pull requests?)"
     r"( #?\d+(,| and| or|/)?)+", r"\b(sections?|scenarios?|questions?|exercises?|steps?|parts?) \d+"
-    r"((,| and| to|-)+ ?\d+)*", r"\b[A-Z][\w-]*\d\w*\b", r"\b\w+\d+[a-z]\w*\b", r"\b\d+\.\d+(\.(\d+|x))+\b",
+    r"((,| and| to|-)+ ?\d+)*", r"\b[A-Z][\w-]*\d\w*\b", r"\b\w+\d+[a-z]\w*\b",
+    r"\b\d+\.\d+(\.(\d+|x))+\b",
 ]), re.I)
 
 NUMERAL = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w])")
@@ -323,13 +331,15 @@ def unchecked_figures(source=None):
 
 def test_every_figure_in_part_one_is_computed_by_a_test_or_marked_as_one_run():
     assert unchecked_figures() == [], ("state these figures in a phrase figures() builds from "
-                                       "the code, or mark the paragraph as one run with its command")
+                                       "the code, or mark the paragraph as one run with its "
+                                       "command")
 
 
 def test_code_in_part_one_that_carries_a_figure_is_a_command_or_quoted_from_a_module():
     modules = "\n".join(path.read_text(encoding="utf-8") for path in HERE.rglob("*.py")
                          if path.name != Path(__file__).name
-                         and not any(part.startswith(".venv") for part in path.parts))   # .venv-redis-* too
+                         # .venv-redis-* too
+                         and not any(part.startswith(".venv") for part in path.parts))
     prose = without_fences(part_one())
     spans = re.findall(r"`([^`\n]+)`", prose) + re.findall(r"<code>(.*?)</code>", prose)
     assert [span for span in spans if re.search(r"\d", span)
@@ -350,7 +360,8 @@ def part_two_defaults():
     client = inspect.signature(managed.ManagedClient).parameters
     managed_set = inspect.signature(managed.ManagedSet).parameters
     cache = managed.DEFAULTS
-    no_limit = "no limit" if managed_set["pending_calls_max"].default is None else managed_set["pending_calls_max"].default
+    no_limit = ("no limit" if managed_set["pending_calls_max"].default is None
+                else managed_set["pending_calls_max"].default)
     ping = {False: "off", True: "on"}[client["initial_ping"].default]
     fatal = {True: "fatal", False: "not fatal"}
     return [
@@ -359,10 +370,12 @@ def part_two_defaults():
         f"{client['msg_timeout'].default:g}, {fatal[client['msg_timeout_is_fatal'].default]}) |",
         f"| `idle_timeout` | {client['idle_timeout'].default:g} |",
         f"| `initial_ping` | {ping} |",
-        f"| `pending_calls_max` / `pending_calls_norm` | {no_limit} / {managed_set['pending_calls_norm'].default} |",
+        f"| `pending_calls_max` / `pending_calls_norm` | {no_limit} / "
+        f"{managed_set['pending_calls_norm'].default} |",
         f"| `idempotent_max` / `idempotent_wait` | {managed_set['idempotent_max'].default} / "
         f"{managed_set['idempotent_wait'].default:g} s (Ocamlnet: 5 s) |",
-        f"threshold {cache['threshold']}, windows of {cache['disable_timeout_min']:g} s doubling to "
+        f"threshold {cache['threshold']}, "
+        f"windows of {cache['disable_timeout_min']:g} s doubling to "
         f"{cache['disable_timeout_max']:g} s",
     ]
 

@@ -75,7 +75,8 @@ def test_the_guard_fails_each_kind_of_leak_and_passes_a_clean_test(pytester, mon
     assert "threads left running: [<Thread(left-running" in output
     assert output.count('resources left open: ["unclosed <socket.socket') == 2
     assert "sockets left open: [<socket.socket" in output
-    assert "exceptions ignored: ['ValueError: raised while being freed in <function RaisesWhenFreed.__del__" in output
+    assert ("exceptions ignored: ['ValueError: raised while being freed in "
+            "<function RaisesWhenFreed.__del__") in output
     assert "ERROR test_leaking.py::test_closes_every_socket_it_opens" not in output
     # the guard collects only after the two tests that ended with a socket still open
     assert len(collections) == 2

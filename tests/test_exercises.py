@@ -77,8 +77,8 @@ def controls():
     failed = next(e for e in EXERCISES if e.failing)
     return [Exercise("control-broken", "tcp_proxy.py", *harmless, shown.command, shown.broken, [],
                      shown.fence_line),
-            Exercise("control-failing", "tcp_proxy.py", *harmless, failed.command, [], failed.failing,
-                     failed.fence_line)]
+            Exercise("control-failing", "tcp_proxy.py", *harmless, failed.command, [],
+                     failed.failing, failed.fence_line)]
 
 
 CONTROLS = controls()
@@ -93,7 +93,8 @@ def runs():
         for exercise in EXERCISES + CONTROLS:
             directory = Path(scratch) / f"exercise-{exercise.number}"
             directory.mkdir()
-            problem = apply(exercise, directory) if exercise.module and exercise.command else "incomplete"
+            problem = (apply(exercise, directory) if exercise.module and exercise.command
+                       else "incomplete")
             if problem:
                 results[exercise.number] = problem
             else:
@@ -124,7 +125,8 @@ def test_each_diff_as_printed_applies_to_one_place_and_leaves_python_that_compil
 def test_a_diff_line_indented_otherwise_than_the_source_applies_nowhere():
     """A removed line must match a whole line of the source: the same line at another
     indentation is another program, and a substring match would have run that one."""
-    line = "                self.last = client   # looks like the decision; scenario 3 shows it is not the fix"
+    line = ("                self.last = client   "
+            "# looks like the decision; scenario 3 shows it is not the fix")
     assert line in (HERE / "tcp_proxy.py").read_text(encoding="utf-8").splitlines()
     shallower = Exercise(0, "tcp_proxy.py", [line[4:]], [], None, [], [], 0)
     assert edited(shallower, (HERE / "tcp_proxy.py").read_text(encoding="utf-8")).startswith(

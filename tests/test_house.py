@@ -31,14 +31,17 @@ LESSON = {"tcp_proxy", "part2.managed", "part2.clock", "part2.cache", "part2.cal
           "part3.resp", "part3.commands", "part3.tagged", "part3.lending"}
 FLOORS = {"tcp_proxy": 0, "conftest": 0, "scaffolding": 0, "part2": 1, "part3": 2}
 TOP_FLOOR = 3
-TOP_LEVEL = {"tcp_proxy.py", "demo.py", "test_tcp_proxy.py", "COMMENTARY.md", "README.md", "Makefile",
-             "conftest.py", "pytest.ini", "ruff.toml", "requirements-test.txt", ".gitignore", ".ci"}
+TOP_LEVEL = {"tcp_proxy.py", "demo.py", "test_tcp_proxy.py", "COMMENTARY.md", "README.md",
+             "Makefile", "conftest.py", "pytest.ini", "ruff.toml", "requirements-test.txt",
+             ".gitignore", ".ci"}
 
 
 def modules():
     """Every tracked Python module of the project, by its dotted name."""
-    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True).stdout
-    return {path[:-3].replace("/", ".").removesuffix(".__init__"): ROOT / path for path in tracked.split()}
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True,
+                             text=True).stdout
+    return {path[:-3].replace("/", ".").removesuffix(".__init__"): ROOT / path
+            for path in tracked.split()}
 
 
 def imports_of(path, known):
@@ -119,16 +122,18 @@ def test_no_file_imports_from_a_floor_above_its_own():
 
 def test_an_upward_import_is_found_even_inside_a_function(tmp_path):
     written = tmp_path / "kit.py"   # as if scaffolding/kit.py reached up to Part three lazily
-    written.write_text("import socket\n\n\ndef helper():\n    from part3 import resp\n    return resp\n")
+    written.write_text("import socket\n\n\n"
+                       "def helper():\n    from part3 import resp\n    return resp\n")
     known = modules()
     edges = {"scaffolding.kit": imports_of(written, known), "part3.resp": {"tcp_proxy"}}
     assert upward(edges) == [("scaffolding.kit", "part3"), ("scaffolding.kit", "part3.resp")]
 
 
 def test_the_floors_put_the_lesson_below_its_scaffolding_users_and_the_top_above_all():
-    floors = [floor_of(name) for name in ("tcp_proxy", "conftest", "scaffolding.kit", "part2.managed",
-                                          "part3.resp", "part3.wild", "demo", "test_tcp_proxy",
-                                          "tests.test_house", "bench.machinery", "pictures.draw")]
+    floors = [floor_of(name) for name in ("tcp_proxy", "conftest", "scaffolding.kit",
+                                          "part2.managed", "part3.resp", "part3.wild", "demo",
+                                          "test_tcp_proxy", "tests.test_house", "bench.machinery",
+                                          "pictures.draw")]
     assert floors == [0, 0, 0, 1, 2, 2, 3, 3, 3, 3, 3]
 
 
@@ -137,8 +142,10 @@ def test_no_test_module_imports_another():
 
 
 def test_an_import_of_one_test_module_by_another_is_found():
-    edges = {"part2.test_proxy": {"part2.test_connection", "conftest"}, "part2.proxy": {"tcp_proxy"}}
-    assert test_imports_between_test_modules(edges) == [("part2.test_proxy", "part2.test_connection")]
+    edges = {"part2.test_proxy": {"part2.test_connection", "conftest"},
+             "part2.proxy": {"tcp_proxy"}}
+    assert test_imports_between_test_modules(edges) == [
+        ("part2.test_proxy", "part2.test_connection")]
 
 
 def test_lesson_modules_import_only_lesson_modules():
@@ -147,6 +154,7 @@ def test_lesson_modules_import_only_lesson_modules():
 
 
 def test_the_top_level_holds_only_the_cards_files_configuration_and_folders():
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split()
     top_files = {path for path in tracked if "/" not in path}
     assert top_files - TOP_LEVEL == set()

@@ -195,7 +195,8 @@ def test_passthrough_proxy_gives_every_client_exactly_its_own_replies_in_order()
 
 @pytest.mark.slow
 def test_managed_proxy_gives_every_client_exactly_its_own_replies_in_order():
-    coverage = run_property("managed", lambda addr, pool_cap: managed.ManagedProxy([(addr, pool_cap)]))
+    coverage = run_property("managed",
+                            lambda addr, pool_cap: managed.ManagedProxy([(addr, pool_cap)]))
     assert coverage.examples == examples_for("managed")
     assert coverage.writes_cutting_a_line > 0 and coverage.cut_replies > 0
 

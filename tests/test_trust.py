@@ -25,8 +25,8 @@ from part2.managed_demo import ask, in_background
 from part3.tagged import CallTimeout, TaggedClient, TaggedError, TaggedUpstream
 from scaffolding import kit
 from scaffolding.faults import FaultyUpstream
-from tcp_proxy import (LINES, LOG_LINE_MAX, MAX_LINE, FramedProxy, Hooks, NaiveProxy, PassthroughProxy,
-                       Upstream, answer)
+from tcp_proxy import (LINES, LOG_LINE_MAX, MAX_LINE, FramedProxy, Hooks, NaiveProxy,
+                       PassthroughProxy, Upstream, answer)
 
 
 def connect(stack, addr):
@@ -43,8 +43,10 @@ def connect(stack, addr):
 # (the victim's request, the other client's request, the other's bytes the victim must never see)
 SHIFTS = {
     "another's ERR answers a GET": (b"GET alice9", b"LOGIN bob9 hunter2", b"hunter2"),
-    "a key holding '=' answers a GET": (b"GET alice9", b"GET alice9=bob-session=s3cret", b"bob-session"),
-    "another's ERR answers a request that gets an ERR": (b"LOGIN alice9 pw", b"LOGIN bob9 hunter2", b"hunter2"),
+    "a key holding '=' answers a GET": (b"GET alice9", b"GET alice9=bob-session=s3cret",
+                                        b"bob-session"),
+    "another's ERR answers a request that gets an ERR": (b"LOGIN alice9 pw", b"LOGIN bob9 hunter2",
+                                                         b"hunter2"),
 }
 
 # request lines built of the pieces that matter: commands, separators, quotes, \r, one key's letters
@@ -65,17 +67,21 @@ def test_the_fit_check_sees_the_whole_shape_of_a_reply_and_not_its_value():
     fits = LINES.fits
     assert [fits(b"GET alpha\n", reply) for reply in (
         b"alpha=AAAAAAAAAAAA\n",                  # its own reply
-        b"alpha=BBBBBBBBBBBB\n",                  # the right shape, another value: a shape cannot tell
+        # the right shape, another value: a shape cannot tell
+        b"alpha=BBBBBBBBBBBB\n",
         b"alpha=AAAAAAAAAAA\n",                   # 11 copies
         b"alpha=AAAAAAAAAAAB\n",                  # not one byte repeated
         b"alpha=bob=AAAAAAAAAAAA\n",              # GET alpha=bob's reply
-        b"ERR expected 'GET <key>' or 'PING', got 'GET alpha'\n",   # quotes it, but a GET is never refused
+        # quotes it, but a GET is never refused
+        b"ERR expected 'GET <key>' or 'PING', got 'GET alpha'\n",
     )] == [True, True, False, False, False, False]
     assert fits(b"PING\n", b"PONG\n") and not fits(b"PING\n", answer(b"LOGIN bob9 hunter2"))
     assert fits(b"GET a\r\n", b"a=AAAAAAAAAAAA\n")   # answer() reads the line without its \r
-    same_40 = b"LOGIN bob9 hunter2 " + b"x" * 21   # two requests whose ERR quotes are the same 40 bytes:
+    # two requests whose ERR quotes are the same 40 bytes:
+    same_40 = b"LOGIN bob9 hunter2 " + b"x" * 21
     assert fits(same_40 + b"1\n", answer(same_40 + b"2"))   # identical bytes, so nothing leaks
-    overlong = b"ERR line longer than %d bytes\n" % MAX_LINE   # what Upstream says to a line past MAX_LINE
+    # what Upstream says to a line past MAX_LINE
+    overlong = b"ERR line longer than %d bytes\n" % MAX_LINE
     assert fits(b"GET " + b"k" * MAX_LINE + b"\n", overlong) and not fits(b"GET k\n", overlong)
 
 
@@ -114,7 +120,8 @@ def test_pipelined_managed_proxy_answers_a_skipped_or_repeated_reply_with_an_err
     reply comes twice. Before: the victim received the other's reply, secret included."""
     first, second = (victim, other) if fault == "skip" else (other, victim)
     lost = "ERR MessageLost: upstream out of step: a reply did not fit its request"
-    with FaultyUpstream(gate=2) as upstream:   # both requests are on the one connection before any reply
+    # both requests are on the one connection before any reply
+    with FaultyUpstream(gate=2) as upstream:
         upstream.fail_next(1, how=fault)
         with ManagedProxy([(upstream.addr, 1)], rcache=ReliabilityCache()) as proxy:
             asked_first = in_background(ask, proxy.addr, [first.decode()])
@@ -240,7 +247,8 @@ def test_every_proxy_reaches_an_upstream_on_ipv6_by_its_own_addr(proxy_class):
     """Before: the upstream listened on 127.0.0.1 whatever it asked (and Server.listen(("::1",
     0)) was refused); given a 4-tuple, connect() raised ValueError."""
     skip_without_ipv6_loopback()
-    with UpstreamOnIPv6() as upstream, proxy_class(upstream.addr) as proxy, contextlib.ExitStack() as stack:
+    with (UpstreamOnIPv6() as upstream, proxy_class(upstream.addr) as proxy,
+          contextlib.ExitStack() as stack):
         assert upstream.addr[0] == "::1" and len(upstream.addr) == 4
         assert kit.ask_in_turn(connect(stack, proxy.addr), ["alpha", "beta"]) == 2
         assert proxy.opened == 1
@@ -273,11 +281,13 @@ class BadlyConnectingPool(FramedProxy):
         raise ValueError("a connect that fails in an unexpected way")
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # the ValueError
+# the ValueError
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_framed_pool_frees_the_slot_a_connect_reserved_whatever_the_connect_raises():
     """The error ends that client's handler (the client sees its connection close).
     Before: only an OSError freed the slot, and the second client waited for ever."""
-    with BadlyConnectingPool(("127.0.0.1", 1), pool_cap=1) as proxy, contextlib.ExitStack() as stack:
+    with (BadlyConnectingPool(("127.0.0.1", 1), pool_cap=1) as proxy,
+          contextlib.ExitStack() as stack):
         for _ in range(2):   # a slot kept would make the second request wait for ever
             client = connect(stack, proxy.addr)
             client.send(b"PING\n")
@@ -301,15 +311,16 @@ def test_upstream_keeps_the_first_bytes_of_each_request_line_it_logs():
 
 
 def test_tagged_upstream_keeps_the_first_bytes_of_each_line_it_logs():
-    """Before: every line kept whole, so these 200 calls would hold 200 x 64,000 = 12,800,000 characters
-    in each of parsed and written (measured with 1,000 calls: 64,000,000). The bound, not the count,
-    is the claim."""
+    """Before: every line kept whole, so these 200 calls would hold 200 x 64,000 = 12,800,000
+    characters in each of parsed and written (measured with 1,000 calls: 64,000,000). The bound,
+    not the count, is the claim."""
     key = b"k" * 64_000
     with TaggedUpstream() as upstream, TaggedClient(upstream.addr) as client:
         for number in range(200):
             assert client.call(b"GET %s\n" % key) == answer(b"GET %s" % key)
         upstream.wait_replies(200)
-        assert sum(map(len, upstream.parsed)) == sum(map(len, upstream.written)) == 200 * LOG_LINE_MAX == 40_000
+        assert (sum(map(len, upstream.parsed)) == sum(map(len, upstream.written))
+                == 200 * LOG_LINE_MAX == 40_000)
         assert upstream.parsed[0] == "1 GET " + "k" * (LOG_LINE_MAX - 6)
 
 
@@ -320,7 +331,8 @@ class Outcomes:
 
     def __init__(self, function, arguments):
         self.results = {}
-        self.threads = [threading.Thread(target=self._run, args=(function, argument)) for argument in arguments]
+        self.threads = [threading.Thread(target=self._run, args=(function, argument))
+                        for argument in arguments]
         for thread in self.threads:
             thread.start()
 
@@ -355,13 +367,17 @@ def test_every_call_to_an_upstream_that_never_reads_ends_by_its_msg_timeout():
 def test_a_request_cut_off_mid_write_by_its_deadline_breaks_the_connection():
     """One request of 8 MB, more than the buffers on the way take, msg_timeout 0.05 s."""
     line = b"GET %s\n" % (b"k" * 8_000_000)
-    with FaultyUpstream(on_connect="deaf") as upstream, TaggedClient(upstream.addr, msg_timeout=0.05) as client:
-        reason = kit.Background(client.call, line, expected=TaggedError).result()   # before: 10 s, then TimeoutError
-        unsent = re.fullmatch(r"ConnectionBroken: sending failed: the deadline came with (\d+) of %d bytes unsent"
+    with (FaultyUpstream(on_connect="deaf") as upstream,
+          TaggedClient(upstream.addr, msg_timeout=0.05) as client):
+        # before: 10 s, then TimeoutError
+        reason = kit.Background(client.call, line, expected=TaggedError).result()
+        unsent = re.fullmatch(r"ConnectionBroken: sending failed: "
+                              r"the deadline came with (\d+) of %d bytes unsent"
                               % len(b"1 " + line), reason)
         assert unsent and 0 < int(unsent.group(1)) < len(line)
         assert (client.sent, client.broken) == (0, 1)
-        assert kit.outcome(client.call, b"GET a\n", expected=TaggedError) == reason   # the connection has ended
+        # the connection has ended
+        assert kit.outcome(client.call, b"GET a\n", expected=TaggedError) == reason
 
 
 # --- TaggedClient: timed-out ids bounded in count and time ------------------------------
@@ -379,7 +395,8 @@ def test_a_timed_out_call_past_the_bound_ends_the_connection_and_its_owed_call()
     was refused for good ("1024 calls already owed") on a connection that was fine."""
     with TaggedUpstream() as upstream, TaggedClient(upstream.addr) as client:
         upstream.pause = held_until_closed(upstream, "lost")
-        owed = kit.Background(client.call, b"GET lost-owed\n", expected=TaggedError)   # waits for ever
+        # waits for ever
+        owed = kit.Background(client.call, b"GET lost-owed\n", expected=TaggedError)
         client.wait_sent(1)
         for number in range(1, 66):
             with pytest.raises(CallTimeout):
@@ -431,6 +448,8 @@ def test_a_tagged_upstream_runs_at_most_answering_max_threads_over_all_connectio
         assert holding.held == 4
         release.set()
         upstream.wait_replies(7)
-        assert sorted(first.read_line() for _ in range(4)) == [b"%d a%d=AAAAAAAAAAAA\n" % (n, n) for n in range(1, 5)]
-        assert sorted(second.read_line() for _ in range(3)) == [b"%d b%d=BBBBBBBBBBBB\n" % (n, n) for n in range(1, 4)]
+        assert sorted(first.read_line() for _ in range(4)) == [
+            b"%d a%d=AAAAAAAAAAAA\n" % (n, n) for n in range(1, 5)]
+        assert sorted(second.read_line() for _ in range(3)) == [
+            b"%d b%d=BBBBBBBBBBBB\n" % (n, n) for n in range(1, 4)]
         assert (holding.held, upstream.requests) == (7, 7)

@@ -17,7 +17,8 @@ from tcp_proxy import answer
 
 
 def exercise_that_removes(line):
-    found = [exercise for exercise in EXERCISES if any(line in removed for removed in exercise.removed)]
+    found = [exercise for exercise in EXERCISES
+             if any(line in removed for removed in exercise.removed)]
     assert len(found) == 1, f"no single exercise removes {line!r}"
     return found[0]
 
@@ -27,8 +28,8 @@ def verdict_of(exercise, *arguments):
     with tempfile.TemporaryDirectory() as scratch:
         problem = apply(exercise, Path(scratch))
         assert problem is None, problem
-        run = subprocess.run([sys.executable, "demo.py", *arguments], cwd=scratch, capture_output=True,
-                             text=True, timeout=RUN_TIMEOUT)
+        run = subprocess.run([sys.executable, "demo.py", *arguments], cwd=scratch,
+                             capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert run.returncode == 0, run.stderr
     return [line for line in run.stdout.splitlines() if "verdict:" in line]
 
@@ -63,7 +64,8 @@ def test_headline_verdict_names_what_b_holds():
 
 def test_broadcast_verdict_claims_a_leak_to_all_only_when_each_holds_anothers():
     assert demo.broadcast_verdict({"A": ALPHA + BETA, "B": ALPHA + BETA}).endswith(
-        "both clients hold both answers (37 and 37 bytes): the other routing rule leaks to everyone")
+        "both clients hold both answers (37 and 37 bytes): "
+        "the other routing rule leaks to everyone")
     assert demo.broadcast_verdict({"A": ALPHA, "B": ALPHA + BETA}) == (
         "  verdict: A holds its own; B holds alpha's answer and its own (19 and 37 bytes): "
         "1 of 2 clients hold another's answer")
@@ -71,7 +73,8 @@ def test_broadcast_verdict_claims_a_leak_to_all_only_when_each_holds_anothers():
 
 def test_interleave_verdict_counts_lost_bytes_and_requests_nobody_sent():
     assert demo.interleave_verdict([[b"GET alpha\n"]], 10, 10, ["GET alpha"]) == (
-        "  verdict: nothing lost, nothing doubled, and the upstream parsed 0 requests that nobody sent")
+        "  verdict: nothing lost, nothing doubled, "
+        "and the upstream parsed 0 requests that nobody sent")
     assert "4 bytes lost or doubled" in demo.interleave_verdict([[b"GET alpha\n"]], 10, 6, [])
 
 
@@ -82,12 +85,14 @@ def test_pool_caps_verdict_reports_wrong_rows_and_a_broken_growth_rule():
 
 
 def test_release_verdict_follows_the_framed_and_timeout_rows():
-    broken = {("framed", False): 8, ("framed", True): 0, ("timeout", False): 8, ("timeout", True): 0}
+    broken = {("framed", False): 8, ("framed", True): 0,
+              ("timeout", False): 8, ("timeout", True): 0}
     assert demo.release_verdict(broken, asked=8, paused=(1, 7)) == (
         "  verdict: the framed pool gets 0/8 when the reply pauses; the timeout rule ends a reply "
         "at its pause, and 7 of 8 clients begin with the end of someone else's answer")
+    # the tail row does not add up: no story
     assert demo.release_verdict(broken, asked=8, paused=(0, 3)).endswith(
-        "the timeout pool gets 0/8 when the reply pauses")   # the tail row does not add up: no story
+        "the timeout pool gets 0/8 when the reply pauses")
     healed = {**broken, ("framed", True): 8, ("timeout", True): 8}
     assert demo.release_verdict(healed, asked=8) == (
         "  verdict: the delimiter never notices the pause; the timeout pool survives the pause too")
@@ -97,7 +102,8 @@ def test_paused_deliveries_counts_the_own_head_and_the_ends_of_other_answers():
     alpha, bravo, charlie = (answer(b"GET " + word) for word in (b"alpha", b"bravo", b"charlie"))
     received = [("alpha", alpha[:6]),   # the first borrower: its head, then the pause
                 ("bravo", alpha[6:] + bravo[:6]),   # the tail of alpha's answer, then its own head
-                ("charlie", bravo)]   # bravo's answer whole: bravo's borrower stopped before it came
+                # bravo's answer whole: bravo's borrower stopped before it came
+                ("charlie", bravo)]
     assert demo.paused_deliveries(received) == (1, 2)
     assert demo.paused_deliveries([("alpha", alpha), ("bravo", bravo)]) == (0, 0)
 
@@ -130,7 +136,8 @@ def test_dishonest_verdict_says_what_the_trusting_pool_did(trusting_right):
     trust = ("the pool that trusts hands out every answer right" if trusting_right == 6
              else "the pool that trusts hands out 5 of 6 wrong")
     assert demo.dishonest_verdict(rows, expected) == (
-        f"  verdict: {trust}; the pool that checks closes the connection it was read on and hands out nothing wrong")
+        f"  verdict: {trust}; the pool that checks closes the connection it was read on "
+        f"and hands out nothing wrong")
 
 
 # --- Part three's verdicts, fed rows by hand (no redis-server needed) --------------------
@@ -163,5 +170,6 @@ def test_managed_reply_verdict_tells_an_error_from_another_keys_value():
     from part2.managed_demo import right
     assert right("GET banana", "banana=BBBBBBBBBBBB") == "right"
     assert right("GET banana", "apple=AAAAAAAAAAAA") == "WRONG"
-    assert right("GET banana", "MessageLost: upstream out of step: a reply did not fit its request") == (
+    assert right("GET banana",
+                 "MessageLost: upstream out of step: a reply did not fit its request") == (
         "an error, not a value")
