@@ -317,7 +317,7 @@ class Connection(Deadlines):
         if self.replied_now:   # a reply is the proof of health, not a connect; once per read
             self.client.rcache.record_success(self.client.addr)
         if (passing_to := self.pipeline.passing_to) is not None and not self.ended and \
-                len(passing_to.out) > WINDOW:   # a long reply: read on once its client has read
+                passing_to.backlog() > WINDOW:   # a long reply: read on once its client has read
             self.paused = True
             self.loop.want(self, WRITE if self.pipeline.out else 0)
             passing_to.drained = self._read_again

@@ -265,7 +265,9 @@ class Entry:
         self.requests = requests       # what goes upstream ([] for an answer of the pool's)
         self.data = b"".join(requests) if data is None else data   # the same, end to end
         self.left = len(requests)      # requests still owed a reply or an error
-        self.parked = [] if answer is None else [answer]   # what waits for the entries before
+        self.parked = []               # what waits for the entries before it (stream.park())
+        if answer is not None:
+            stream.park(self, answer)
         stream.owed += self.left
         stream.waiting.append(self)
 
@@ -282,7 +284,7 @@ class Entry:
             if idle:
                 stream.writable()
         else:
-            self.parked.append(bytes(piece))
+            stream.park(self, bytes(piece))
         return stream
 
     def failed(self, run, error):
@@ -294,7 +296,7 @@ class Entry:
             stream.out += message * self.left
             stream.writable()
         else:
-            self.parked += [message] * self.left
+            stream.park(self, message * self.left)
         self.left = 0
         stream.advance()
 
@@ -310,7 +312,7 @@ def hand_out(entries, replies):
         stream.owed -= 1
         stream.counts.answered += 1
         if entry is not stream.waiting[0]:
-            entry.parked.append(reply)   # written once the entries before it are
+            stream.park(entry, reply)   # written once the entries before it are
             continue
         out = stream.out
         idle = not out   # no send arranged yet: the stream is told (see writable())
@@ -330,9 +332,11 @@ class ClientStream:
 
     feed(data) returns the new entries whose requests must go upstream; `out` holds the
     bytes to write to the client, each reply after the replies to every request before
-    it, whichever connection brought it. A request the framing cannot read ends the
-    stream: the client is told why after its earlier replies, and nothing after it is
-    read. counts is told answered (replies from upstream) and failed (errors made).
+    it, whichever connection brought it; what came before its turn is parked in its entry,
+    and counts with out in backlog(), which the client's bounds are held against. A request
+    the framing cannot read ends the stream: the client is told why after its earlier
+    replies, and nothing after it is read. counts is told answered (replies from upstream)
+    and failed (errors made).
 
     Given its pool, the framing's session keeps the client's state: each entry records the
     state its requests need (a pipeline syncs its connection to it). A request the session
@@ -351,6 +355,7 @@ class ClientStream:
             self.session.lease, self.session.state, self.session.quitting = POOLED, None, False
         self.waiting = collections.deque()   # entries not yet written whole, in the client's order
         self.out = bytearray()     # bytes for the client
+        self.parked_bytes = 0      # bytes for it parked behind an entry still owed (park())
         self.owed = 0              # requests sent upstream and not yet answered
         self.ended = False         # a request could not be framed: nothing more is read
         self.deferred = None       # requests read and not yet admitted (None: admitting)
@@ -498,6 +503,7 @@ class ClientStream:
             if head.parked:
                 for reply in head.parked:
                     self.out += reply
+                    self.parked_bytes -= len(reply)
                 head.parked = []
                 self.writable()
             if head.left:
@@ -505,6 +511,17 @@ class ClientStream:
             waiting.popleft()
         if self.deferred is not None:
             self.idle()
+
+    def park(self, entry, data):
+        """data for an entry behind the oldest, kept until the entries before it are written.
+        They count with out against the client's bounds: a long reply's pieces parked behind
+        a reply still owed stop its connection's reading as unread bytes do."""
+        entry.parked.append(data)
+        self.parked_bytes += len(data)
+
+    def backlog(self):
+        """Bytes kept for the client: out and what is parked behind an entry still owed."""
+        return len(self.out) + self.parked_bytes
 
     def writable(self):
         """Bytes were added to out: a subclass with a socket arranges their send. Bytes added

@@ -197,6 +197,10 @@ class ProxyClient(ClientStream):
                 self.deferred is not None:   # else its replies will
             self.loop.flush_soon(self)   # the send phase writes, stops reading it, or closes it
 
+    def park(self, entry, data):
+        if not self.gone:   # else dropped, as what is written to it is
+            super().park(entry, data)
+
     def writable(self):
         if self.gone:
             self.out.clear()
@@ -221,13 +225,13 @@ class ProxyClient(ClientStream):
                 self.proxy.count("dropped")
                 self.close()
                 return
-            if self.drained is not None and len(self.out) < WINDOW:   # a long reply reads on
+            if self.drained is not None and self.backlog() < WINDOW:   # a long reply reads on
                 drained, self.drained = self.drained, None
                 drained()
         if (self.eof or self.ended) and self.done():
             self.close()
             return
-        keeping_up = self.owed < OWED_MAX and len(self.out) < OUT_HIGH   # else: back-pressure
+        keeping_up = self.owed < OWED_MAX and self.backlog() < OUT_HIGH   # else: back-pressure
         if self.deferred is not None:
             keeping_up = keeping_up and len(self.deferred) < DEFERRED_MAX and \
                 not self.upstream_full
@@ -343,6 +347,9 @@ class ProxyClient(ClientStream):
         if not self.gone:
             self.gone = True
             self.out.clear()
+            for entry in self.waiting:
+                entry.parked = []
+            self.parked_bytes = 0
             self.loop.forget(self.sock)
             self.proxy.clients.discard(self)
             for link in (self.held, self.waiting_on, self.link):

@@ -218,6 +218,16 @@ def test_a_batchs_replies_go_each_to_its_own_client_in_one_loop_each_client_told
     assert (counts.answered, streams[0].owed, streams[1].owed) == (4, 0, 0)
 
 
+
+def test_what_waits_behind_an_unanswered_entry_counts_in_the_backlog_until_it_is_written():
+    stream = ClientStream(LINES, Counts())
+    (early,), (late,) = stream.feed(b"GET a\n"), stream.feed(b"GET b\n")
+    late.passing(None, b"b=BBB")   # pieces of a long reply, another connection's
+    hand_out([late], [b"BBBBBBBBB\n"])
+    assert (stream.out, stream.backlog()) == (bytearray(), len(answer(b"GET b")))
+    hand_out([early], [answer(b"GET a")])
+    assert bytes(stream.out) == replies_to(b"a", b"b") and stream.backlog() == len(stream.out)
+
 def test_a_read_of_whole_requests_all_sent_on_is_queued_as_its_bytes_came_any_other_joined():
     stream = ClientStream(LINES, Counts())
     data = b"GET a\nGET b\n"

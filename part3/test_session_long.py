@@ -1,11 +1,14 @@
 """A value longer than the pool keeps, passed on as it arrives in both directions, within
-a window of memory; a long reply that cannot answer its request reaches no one."""
+a window of memory, parked behind a slower reply too; a long reply that cannot answer its
+request reaches no one."""
 import re
 import socket
 
-from part3.conftest import array, lost, make_pool
+from part2.connection import READ_SIZE, WINDOW
+from part2.managed import ManagedProxy
+from part3.conftest import Client, array, lost, make_pool, wait_for
 from part3.resp import RESP
-from tcp_proxy import FramedProxy, Frames, Server
+from tcp_proxy import FramedProxy, Frames, PassthroughProxy, Server, shutdown
 
 
 # --- a value longer than the pool keeps, passed on as it arrives ---------------------------------
@@ -101,3 +104,84 @@ def test_a_client_that_leaves_in_the_middle_of_a_long_request_costs_its_connecti
         leaver.close()
         proxy.wait_discarded(1)
         assert clients(proxy.addr).ask("GET half", "SET k v") == [b"$-1\r\n", b"+OK\r\n"]
+
+
+# --- a long reply parked behind its client's slower reply ---------------------------------------
+
+class HoldsTheSlowKeysConnection(PassthroughProxy):
+    """A relay in front of redis-server that holds every reply on the connection that
+    carried a request for the key `slow`, from that request on, until release()."""
+    counters = {**PassthroughProxy.counters, "held": 0, "releases": 0}
+    # held      connections whose replies are held; bumped as the request goes upstream
+    # releases  release() calls; the held replies go on once it is 1
+
+    def __init__(self, upstream_addr):
+        self.holding = set()   # the upstream sockets whose replies wait for release()
+        super().__init__(upstream_addr)
+
+    def release(self):
+        self.count("releases")
+
+    def _one_way(self, source, sink, counter):
+        deliver = self._forward if counter == "forwarded" else self._return
+        self.pump(source, lambda data: deliver(source, sink, data), counter)
+        shutdown(sink, socket.SHUT_WR)
+
+    def _forward(self, client, upstream, data):
+        if b"slow" in data:
+            self.holding.add(upstream)
+            self.count("held")
+        upstream.sendall(data)
+
+    def _return(self, upstream, client, data):
+        if upstream in self.holding:
+            self.wait_until(lambda: self.releases or self.closed, "the release")
+        client.sendall(data)
+
+
+def test_a_long_reply_parked_behind_its_clients_slower_reply_stops_its_connection_at_the_window(
+        redis, control):
+    """ManagedProxy over two connections: a client's GET slow goes on one, held by the relay;
+    its GET big, sent after, on the other. The big reply may not be written before slow's, so
+    its pieces are parked; once they fill the client's window, that connection reads no more,
+    as it would for a client that does not read. Released, both replies come whole, in order."""
+    value = bytes(range(256)) * (BIG // 256)
+    control.command("FLUSHALL")
+    setter = Client(redis.addr)
+    assert setter.ask(array("SET", "big", value)) == [b"+OK\r\n"]
+    setter.close()
+    with HoldsTheSlowKeysConnection(redis.addr) as relay, \
+            ManagedProxy([(relay.addr, 2)], framing=RESP) as proxy:
+        client = Client(proxy.addr)
+        try:
+            client.send(array("GET", "slow"))
+            relay.wait_held(1)
+            client.send(array("GET", "big"))
+            bound = WINDOW + READ_SIZE   # the pause is checked after each read of the upstream
+
+            def paused_or_past_the_bound():
+                return proxy.loop.ask(lambda: (
+                    any(c.connection is not None and c.connection.paused
+                        for c in proxy.managed_set.clients[0]),
+                    max(map(kept_for, proxy.clients))))
+            wait_for(lambda: paused_or_past_the_bound()[0] or
+                     paused_or_past_the_bound()[1] > bound, "the pause or the bound passed")
+            paused, backlog = paused_or_past_the_bound()
+            assert paused and 0 < backlog <= bound, backlog
+            relay.release()
+            expected = b"$-1\r\n" + b"$%d\r\n%s\r\n" % (BIG, value)   # read raw: Client keeps
+            received = bytearray()                                     # no reply this long
+            while len(received) < len(expected) and (data := client.sock.recv(1 << 16)):
+                received += data
+            assert received == expected
+        finally:
+            client.close()
+        assert lost(proxy) == (0, 0)
+
+
+def kept_for(stream):
+    """The bytes a proxy client's stream keeps: its out and what is parked in its entries."""
+    return len(stream.out) + sum(len(data) for entry in stream.waiting for data in entry.parked)
+
+
+BIG = 8 << 20   # bytes of the big value: the window and a read many times over
