@@ -231,7 +231,8 @@ class ProxyClient(ClientStream):
         if (self.eof or self.ended) and self.done():
             self.close()
             return
-        keeping_up = self.owed < OWED_MAX and self.backlog() < OUT_HIGH   # else: back-pressure
+        # else: back-pressure (backlog(), inline: this runs for every client in every turn)
+        keeping_up = self.owed < OWED_MAX and len(self.out) + self.parked_bytes < OUT_HIGH
         if self.deferred is not None:
             keeping_up = keeping_up and len(self.deferred) < DEFERRED_MAX and \
                 not self.upstream_full
