@@ -259,9 +259,11 @@ class Entry:
     are written."""
     __slots__ = ("stream", "requests", "data", "left", "parked", "state")
 
-    def __init__(self, stream, requests, answer=None, data=None):
+    def __init__(self, stream, requests, answer=None, data=None, state=None):
         self.stream = stream
-        self.state = stream.session.state   # its client's, as of its place in the client's order
+        # its client's state as of its place in the client's order: the state its requests
+        # were admitted in, which a state change admitted after them (SELECT) does not touch
+        self.state = stream.session.state if state is None else state
         self.requests = requests       # what goes upstream ([] for an answer of the pool's)
         self.data = b"".join(requests) if data is None else data   # the same, end to end
         self.left = len(requests)      # requests still owed a reply or an error
@@ -391,6 +393,7 @@ class ClientStream:
         session = self.session
         admit = session.admit
         entries, requests = [], []
+        state = session.state   # the state `requests` were admitted in
         rest = iter(taken)
         for request in rest:
             long = type(request) is not bytes   # a long request's Head, a piece, its end
@@ -401,30 +404,32 @@ class ClientStream:
                 answer = admit(request)
             except NotYet as not_yet:   # the pool is learning what the answer needs
                 not_yet.then(self.idle)
-                return self._defer(entries, requests, [request, *rest], error, at_once=False)
+                return self._defer(entries, requests, state, [request, *rest], error,
+                                   at_once=False)
             if answer is None:
                 if session.lease == POOLED and not long:
                     requests.append(request)
                     continue
                 self.lent = request   # after every reply before it: on one of its own
-                return self._defer(entries, requests, list(rest), error)
+                return self._defer(entries, requests, state, list(rest), error)
             whole = None
             self.skipping = isinstance(request, Head)   # refused: the rest of it is dropped
-            requests = self._answer(entries, requests, answer)
+            requests = self._answer(entries, requests, state, answer)
+            state = session.state   # what the answer changed applies from here on
             self.answered()
         if error is not None:   # the framing's: nothing after it can be framed
             self.ended = True
-            self._answer(entries, requests, self.framing.error(str(error)))
+            self._answer(entries, requests, state, self.framing.error(str(error)))
             return entries
         if requests:   # owed replies: nothing to write yet
-            entries.append(Entry(self, requests, data=whole))
+            entries.append(Entry(self, requests, data=whole, state=state))
         if session.quitting:   # QUIT: nothing after it is read
             self.ended = True
         return entries
 
-    def _defer(self, entries, requests, rest, error, at_once=True):
+    def _defer(self, entries, requests, state, rest, error, at_once=True):
         if requests:
-            entries.append(Entry(self, requests))
+            entries.append(Entry(self, requests, state=state))
         self.deferred, self.deferred_error = rest, error
         if at_once and not self.waiting:   # nothing before it owed: it goes on now
             self.idle()
@@ -468,7 +473,8 @@ class ClientStream:
     def lend(self, request):
         """A subclass sends request on a connection of the client's own, as session.lease
         says, and returns True; once its reply is in, idle(). Without one, it is refused."""
-        self._answer([], [], self.framing.error("tcp-proxy: no connection of its own here"))
+        refusal = self.framing.error("tcp-proxy: no connection of its own here")
+        self._answer([], [], None, refusal)
         self.idle()
         return False
 
@@ -486,10 +492,11 @@ class ClientStream:
     def answered(self):
         """The pool has answered a request itself (a subclass ends what the answer ended)."""
 
-    def _answer(self, entries, requests, answer):
-        """The pool's own answer, after the requests before it; return a fresh run."""
+    def _answer(self, entries, requests, state, answer):
+        """The pool's own answer, after the requests before it (admitted in `state`); return
+        a fresh run."""
         if requests:
-            entries.append(Entry(self, requests))
+            entries.append(Entry(self, requests, state=state))
         Entry(self, [], answer)
         if len(self.waiting) == 1:   # with none before it: written at once
             self.advance()

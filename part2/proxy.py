@@ -285,7 +285,7 @@ class ProxyClient(ClientStream):
         except ManagedError as error:   # no connection of its own to be had: nothing is sent
             if session.streams:
                 session.lost()
-            self._answer([], [], self.framing.error(f"tcp-proxy: {error}"))
+            self._answer([], [], None, self.framing.error(f"tcp-proxy: {error}"))
             self.idle()
             return False
 
