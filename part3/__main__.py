@@ -1,8 +1,12 @@
-"""`python3 -m part3 serve ...`: the Redis pools as a command (part3/serve.py says how)."""
+"""`python3 -m part3 serve ...`: the Redis pools as a command (part3/serve.py says how);
+`python3 -m part3 acl ...`: the ACL rule that confines their upstream user (part3/acl.py)."""
 import sys
 
-from part3 import serve
+from part3 import acl, serve
 
-if sys.argv[1:2] != ["serve"]:
-    sys.exit("usage: python3 -m part3 serve --upstream HOST:PORT [...] (--help for the rest)")
-sys.exit(serve.main(sys.argv[2:]))
+COMMANDS = {"serve": serve.main, "acl": acl.main}
+
+if sys.argv[1:2] not in ([name] for name in COMMANDS):
+    sys.exit("usage: python3 -m part3 serve --upstream HOST:PORT [...] | python3 -m part3 acl "
+             "[...] (--help for the rest)")
+sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))

@@ -9,6 +9,9 @@ kind: what it does to the connection. The kind says how many replies a request g
 what the pool does with it (its action):
 
     FORWARD     send it on a shared connection; its one reply ends the loan
+    CONFINED    forward it only where the server confines the pool's upstream user (a
+                script calls other commands as that user: FLUSHALL too, unless its ACL
+                refuses them); else refused, naming the remedy (part3/acl.py)
     REPLAY      state the pool could keep for the client and bring a connection to
     ANSWER      the pool's to answer for the client, never a shared connection's
     PIN         a transaction: the connection would be the client's until it ends
@@ -40,16 +43,18 @@ import collections
 import math
 import re
 
-FORWARD, REPLAY, ANSWER, PIN, DEDICATE, POLICY, NEVER = (
-    "forward", "replay", "answer", "pin", "dedicate", "policy", "never")
+FORWARD, CONFINED, REPLAY, ANSWER, PIN, DEDICATE, POLICY, NEVER = (
+    "forward", "confined", "replay", "answer", "pin", "dedicate", "policy", "never")
 
 Kind = collections.namedtuple("Kind", "replies effect action policy", defaults=(False,))
 Row = collections.namedtuple("Row", "name replies kind")
 
 KINDS = {
     "plain": Kind("one", "leaves the connection as it was", FORWARD),
-    "script": Kind("one", "runs a script on a client of the server's own (a script cannot "
-                          "select, block or subscribe the caller's connection)", FORWARD),
+    "script": Kind("one", "runs a script, which calls commands as the pool's upstream user (it "
+                          "cannot select, block or subscribe the caller's connection, but it "
+                          "can call what the table refuses, FLUSHALL, unless that user's ACL "
+                          "refuses it)", CONFINED),
     "state": Kind("one", "sets state on the connection that the next borrower would inherit",
                   REPLAY),
     "session": Kind("one (QUIT: then the end)",

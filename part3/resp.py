@@ -453,13 +453,20 @@ class Resp:
     before them, -NOAUTH); upstream_password= (and upstream_user=) is what it says itself to
     the server, on each connection it opens. A client's credentials never reach a shared
     connection. dedicated_cap bounds the connections each pool opens for its clients' own
-    use (a wait, a stream) at once."""
+    use (a wait, a stream) at once.
+
+    A script calls commands as the pool's upstream user, so the pool forwards scripts only
+    where that user is confined to what the table forwards: confined=True says it is (a check
+    against the server found so: part3/acl.py); own_user=(name, password, rules) is an ACL
+    user of the pool's own, made again on each connection it opens (ACL SETUSER, after its
+    AUTH) and authenticated as, whose rules are the table's (acl.rules()). Neither: every
+    script is refused, and the refusal names the remedy."""
 
     def __init__(self, allow=(), refuse=(), max_reply=MAX_REPLY, max_request=MAX_REQUEST,
                  password=None, user=None, upstream_password=None, upstream_user=None,
-                 dedicated_cap=DEDICATED_CAP):
-        self.allowed = self._names(allow, commands.POLICY, "allowed")
-        self.refused = self._names(refuse, commands.FORWARD, "refused")
+                 dedicated_cap=DEDICATED_CAP, confined=False, own_user=None):
+        self.allowed = self._names(allow, {commands.POLICY}, "allowed")
+        self.refused = self._names(refuse, {commands.FORWARD, commands.CONFINED}, "refused")
         self.max_reply = max_reply
         self.max_request = max_request
         self._by_name = {}   # NAME's key -> (forwarded whatever the arguments, the reply types)
@@ -468,10 +475,15 @@ class Resp:
         self.upstream_password = as_bytes(upstream_password)
         self.upstream_user = as_bytes(upstream_user)
         self.dedicated_cap = dedicated_cap
+        self.own_user = own_user
+        self.confined = confined or own_user is not None
+        self._own_user_opening = [] if own_user is None else [
+            array(b"ACL", b"SETUSER", own_user[0], *own_user[2]),
+            array(b"AUTH", own_user[0], own_user[1])]
 
     @staticmethod
-    def _names(names, action, verb):
-        """The table's names, upper case, each of a row whose action is `action`."""
+    def _names(names, actions, verb):
+        """The table's names, upper case, each of a row whose action is one of `actions`."""
         chosen = set()
         for name in names:
             name = (name if isinstance(name, bytes) else name.encode("ascii")).upper()
@@ -479,7 +491,7 @@ class Resp:
             if row is None:
                 raise ValueError(f"{shown(name)} is not in the command table: no pool frames it")
             kind = commands.KINDS[row.kind]
-            if kind.action != action and not (kind.policy and action == commands.POLICY):
+            if kind.action not in actions and not (kind.policy and commands.POLICY in actions):
                 raise ValueError(f"{shown(name)} cannot be {verb} by name: it {kind.effect} "
                                  f"(its action is {kind.action})")
             chosen.add(name)
@@ -529,6 +541,14 @@ class Resp:
                                      f"(allow it by name)")
         if kind.action == commands.FORWARD or (name in self.allowed and not kind.policy):
             return commands.FORWARD, None
+        if kind.action == commands.CONFINED:
+            if self.confined:
+                return commands.FORWARD, None
+            return commands.CONFINED, (
+                f"{shown(name)} {kind.effect}; the pool forwards a script only where its "
+                f"upstream user is confined to what the pool forwards: start it with `python3 "
+                f"-m part3 serve`, which confines it where it can, or install the rule `python3 "
+                f"-m part3 acl` prints")
         if kind.action == commands.POLICY:
             return commands.POLICY, (f"{shown(name)} {kind.effect}; refused by the pool's policy "
                                      f"(allow it by name)")
@@ -590,11 +610,13 @@ class Resp:
 
     def opening(self):
         """What the pool says on a connection it has just opened, before anything else: its
-        own AUTH (upstream_password), or nothing."""
-        if self.upstream_password is None:
-            return []
-        user = [self.upstream_user] if self.upstream_user else []
-        return [array(b"AUTH", *user, self.upstream_password)]
+        own AUTH (upstream_password), then, with a user of its own, that user made again (a
+        server restarted since has forgotten it) and authenticated as; or nothing."""
+        opening = []
+        if self.upstream_password is not None:
+            user = [self.upstream_user] if self.upstream_user else []
+            opening.append(array(b"AUTH", *user, self.upstream_password))
+        return opening + self._own_user_opening
 
     def facts_requests(self):
         """What the pool asks its server once (facts()): HELLO with no version (the server's

@@ -10,8 +10,11 @@ with it before anything is forwarded; with upstream credentials, every connectio
 opens says them itself. Passwords come from the environment (POOL_PASSWORD, UPSTREAM_PASSWORD),
 not from arguments, which any user of the machine can read in the process list.
 
-It prints one line once it listens (where, and where its stats are), a log line on stderr
-for each upstream connection that ends in an error, and ends cleanly, exit status 0, on
+Before it listens, it asks the server what its upstream user may run (part3/acl.py): a script
+runs as that user, so where it may run what the pool refuses, the pool makes an ACL user of its
+own and runs as it, or refuses scripts; a log line on stderr says which. It prints one line once
+it listens (where, and where its stats are), a log line on stderr for each upstream connection
+that ends in an error, and ends cleanly, exit status 0, on
 SIGINT or SIGTERM. The stats port answers each connection with one JSON document of the
 pool's counters, then closes it, as twemproxy's stats port does.
 
@@ -27,7 +30,7 @@ import signal
 import sys
 
 from part2.managed import ManagedProxy
-from part3 import resp
+from part3 import acl
 from tcp_proxy import FramedProxy, Server
 
 LOG = logging.getLogger("part3.serve")
@@ -93,10 +96,13 @@ def log_transitions(source, event):
 
 
 def build_pool(options, environ=os.environ):
-    framing = resp.Resp(allow=options.allow, user=options.user,
-                        password=environ.get("POOL_PASSWORD") or None,
-                        upstream_user=options.upstream_user,
-                        upstream_password=environ.get("UPSTREAM_PASSWORD") or None)
+    """The pool, and whatever the start-up check of its upstream user said (acl.confine())."""
+    framing, said = acl.confine(options.upstream, allow=options.allow, user=options.user,
+                                password=environ.get("POOL_PASSWORD") or None,
+                                upstream_user=options.upstream_user,
+                                upstream_password=environ.get("UPSTREAM_PASSWORD") or None)
+    if said:
+        LOG.warning("%s", said)
     if options.kind == "framed":
         kind = type("Served", (LoggedFramedProxy,), {"listen_addr": options.listen})
         return kind(options.upstream, pool_cap=options.size, framing=framing)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from part2.managed import ManagedProxy
-from part3 import commands, conftest, lending
+from part3 import acl, commands, conftest, lending
 from part3.conftest import array
 from part3.resp import RESP, Overlong, Resp, words
 from part3 import redis_server
@@ -146,8 +146,8 @@ def test_every_row_names_a_command_redis_server_lists_or_one_newer_than_it(serve
 
 
 def test_every_row_has_resp2_reply_types_with_their_resp3_equivalents_and_a_kind_with_an_action():
-    actions = {commands.FORWARD, commands.REPLAY, commands.ANSWER, commands.PIN, commands.DEDICATE,
-               commands.POLICY, commands.NEVER}
+    actions = {commands.FORWARD, commands.CONFINED, commands.REPLAY, commands.ANSWER, commands.PIN,
+               commands.DEDICATE, commands.POLICY, commands.NEVER}
     assert {kind.action for kind in commands.KINDS.values()} == actions
     for row in commands.COMMANDS.values():
         resp2 = bytes(kind for kind in row.replies if kind in commands.REPLY_TYPES)
@@ -342,7 +342,8 @@ def test_script_debug_is_refused_so_the_next_borrowers_eval_runs_and_writes(
     """Before: the next borrower's EVAL got the debugger's opening lines, and its INCR never ran."""
     set_up(control, "SET counter 10")
     script = "return redis.call('INCR', KEYS[1])"
-    with PROXIES[proxy_kind](redis) as proxy:
+    framing, _ = acl.confine(redis.addr)   # scripts go: the pool's connections run confined
+    with PROXIES[proxy_kind](redis, framing) as proxy:
         debugger, victim = clients(proxy.addr, 2)
         assert debugger.ask(array("SCRIPT", "DEBUG", "YES")) == \
             [refused("SCRIPT DEBUG makes the connection a script debugger's session; "
@@ -420,7 +421,16 @@ def test_the_policy_opens_a_server_wide_command_by_name_and_refuses_a_forwarded_
     assert opened.verdict([b"FLUSHALL"])[0] == commands.POLICY
     script = [b"EVAL", b"return 1", b"0"]
     assert opened.verdict(script) == (commands.POLICY, "EVAL is refused by the pool's policy")
-    assert RESP.verdict(script) == (commands.FORWARD, None)   # a script runs apart
+    assert Resp(confined=True).verdict(script) == (commands.FORWARD, None)
+
+
+def test_a_script_is_refused_with_its_remedy_until_the_pool_knows_its_upstream_user_is_confined():
+    action, reason = RESP.verdict([b"FCALL", b"flush", b"0"])
+    assert action == commands.CONFINED
+    assert reason.startswith("FCALL runs a script, which calls commands as the pool's upstream "
+                             "user")
+    assert reason.endswith("start it with `python3 -m part3 serve`, which confines it where it "
+                           "can, or install the rule `python3 -m part3 acl` prints")
 
 
 @pytest.mark.parametrize("name, why", [
