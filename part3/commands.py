@@ -87,7 +87,9 @@ KINDS = {
 # this table. ACL WHOAMI is plain while the pool has no users of its own: every client of
 # it is the pool's upstream user, so the server's answer is the client's. CLIENT SETINFO,
 # CLIENT NO-TOUCH and WAITAOF came with Redis 7.2 (redis-py 8 sends CLIENT SETINFO as it
-# connects): their rows say what they do.
+# connects): their rows say what they do. KEYS is plain: one reply, and the connection as it
+# was; its cost is the server's, as a long SORT's is (twemproxy refuses it because its keys
+# are spread over many servers, which one server's pool has no reason to do).
 TABLE = """
 # command               replies kind
 # -- connection and session
@@ -146,7 +148,7 @@ EXISTS                  :       plain
 EXPIRE                  :       plain
 EXPIREAT                :       plain
 EXPIRETIME              :       plain
-KEYS                    *       server
+KEYS                    *       plain
 MOVE                    :       plain
 OBJECT ENCODING         $       plain
 OBJECT FREQ             :$      plain

@@ -373,7 +373,7 @@ HARMLESS_SERVER_WIDE = [   # the review's forms, or as harmless: none changes an
     ("DEBUG", "SLEEP", "0"), ("CLIENT", "PAUSE", "1"), ("CLIENT", "UNPAUSE"),
     ("CLIENT", "KILL", "ID", "999999999"), ("CLIENT", "LIST"), ("SHUTDOWN", "ABORT"),
     ("FAILOVER", "ABORT"), ("CONFIG", "SET", "maxmemory-clients", "0"), ("FLUSHALL",),
-    ("SWAPDB", "1", "2"), ("KEYS", "nothing:*"), ("SCRIPT", "KILL"),
+    ("SWAPDB", "1", "2"), ("SCRIPT", "KILL"),
     ("CONFIG", "GET", "requirepass"),
 ]
 
@@ -393,6 +393,19 @@ def test_server_wide_commands_are_refused_by_default_each_naming_the_policy_and_
         assert client.ask(array("ACL", "WHOAMI")) == [b"$7\r\ndefault\r\n"]   # the pool's user
     assert commands_run(control) == {"acl|whoami"}
     assert control.command("GET survivor") == b"$4\r\nhere\r\n"
+
+
+@pytest.mark.parametrize("proxy_kind", PROXIES)
+def test_keys_is_forwarded_by_default_and_leaves_the_connection_for_the_next_request(
+        redis, control, clients, proxy_kind):
+    """django-redis's cache.keys() and arq's all_job_results() send it, and so do the Lua
+    scripts of dramatiq and limits: one reply, nothing kept on the connection."""
+    set_up(control, "SET job:1 a", "SET job:2 b", "SET other c")
+    with PROXIES[proxy_kind](redis) as proxy:
+        client = clients(proxy.addr)
+        found, after = client.ask(array("KEYS", "job:*"), array("GET", "other"))
+        assert sorted(found.split(b"\r\n")[2::2]) == [b"job:1", b"job:2"]
+        assert after == b"$1\r\nc\r\n"
 
 
 @pytest.mark.parametrize("proxy_kind", PROXIES)
