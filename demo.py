@@ -26,7 +26,7 @@ import sys
 from scaffolding.faults import FaultyUpstream, TrustingPool
 from scaffolding.kit import (KEY_WORDS, ROUNDS, Client, ask_in_turn, clients, keys_for,
                              parsed_line, request, run_concurrently, sent_line, show)
-from tcp_proxy import FramedProxy, NaiveProxy, PassthroughProxy, Upstream, answer
+from tcp_proxy import answer, FramedProxy, NaiveProxy, PassthroughProxy, Upstream
 
 
 # --- the scenarios, in the order the commentary reads them ---------------------

@@ -24,7 +24,7 @@ import socket
 import statistics
 import time
 
-from tcp_proxy import PassthroughProxy, answer
+from tcp_proxy import answer, PassthroughProxy
 
 from bench.machinery import (START_TIMEOUT, ExternalRelay, ServiceProcess, close_clients,
                              compare_relays, connect_clients, exchange_rounds, low_high,

@@ -50,11 +50,14 @@ import tempfile
 import threading
 import time
 
-from tcp_proxy import (MAX_LINE, FramedProxy, LineTooLong, PassthroughProxy, Server, Upstream,
-                       answer, read_lines, recv)
+from ground.frames import MAX_LINE, LineTooLong
+from ground.server import recv, Server
+from ground.workers import Workers
+from tcp_proxy import answer, FramedProxy, PassthroughProxy, read_lines, Upstream
 
 from bench import placement
 from part2 import managed
+from part3.framed import SessionProxy
 from scaffolding.kit import free_port   # for tools that cannot report the port they took
 
 MOST_CLIENTS = 5000                # the most clients any section connects at once (scale)
@@ -152,7 +155,7 @@ class DistantUpstream(Upstream):
 
 KINDS = {"upstream": Upstream, "lean-upstream": LeanUpstream, "distant-upstream": DistantUpstream,
          "passthrough": PassthroughProxy, "pinned-passthrough": PassthroughProxy,
-         "framed": FramedProxy, "managed": managed.ManagedProxy}
+         "framed": FramedProxy, "sessions": SessionProxy, "managed": managed.ManagedProxy}
 
 
 def kind_name(kind):
@@ -164,7 +167,8 @@ def build_server(kind, upstream_addr, options):
     """The server a child process runs. kind: a key of KINDS, or a server class
     that takes the upstream's address (a section's variant of PassthroughProxy;
     it reaches the child by reference, so it must live at a module's top level).
-    options: pool_cap (framed), connections (managed), framing (framed, managed),
+    options: pool_cap (framed, sessions), connections (managed), framing (framed, sessions,
+    managed),
     reply_delay (upstreams), workers (passthrough), sockets_per_cpu (placement; 0 places
     nothing), profile."""
     server_class = KINDS[kind] if isinstance(kind, str) else kind
@@ -181,13 +185,14 @@ def build_server(kind, upstream_addr, options):
         return server_class()
     if kind == "distant-upstream":
         return server_class(options["reply_delay"])
-    if kind == "framed":
+    if kind in ("framed", "sessions"):
         return server_class(upstream_addr, pool_cap=options["pool_cap"], **framing)
     if kind == "managed":
         return server_class([(upstream_addr, options["connections"])],
                             pending_calls_max=options.get("pending_calls_max"), **framing)
-    if kind == "passthrough":
-        return server_class(upstream_addr, workers=options.get("workers", 1))
+    if kind == "passthrough" and options.get("workers", 1) > 1:   # a process per core
+        forked = type("Forked" + server_class.__name__, (Workers, server_class), {})
+        return forked(upstream_addr, workers=options["workers"])
     return server_class(upstream_addr)
 
 
@@ -219,12 +224,12 @@ def usage_of_this_process(server=None):
     """CPU seconds (user, system) and context switches (a thread that blocked:
     voluntary; one the kernel took the core from: involuntary) of every thread
     of this process so far, dead ones included, and of the server's other worker
-    processes (Server's workers=), which run until it closes, so no rusage of
+    processes (ground.workers.Workers), which run until it closes, so no rusage of
     children counts them: read from /proc."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     found = {"user": usage.ru_utime, "system": usage.ru_stime,
              "voluntary": usage.ru_nvcsw, "involuntary": usage.ru_nivcsw}
-    for pid in getattr(server, "_worker_pids", ()):   # tcp_proxy.Server's own list
+    for pid in getattr(server, "_worker_pids", ()):   # ground.workers.Workers' own list
         with contextlib.suppress(OSError):
             with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()   # from field 3 on
@@ -308,7 +313,7 @@ class ServiceProcess(Running):
             raise RuntimeError(f"{self.kind} did not start within {START_TIMEOUT} s") from None
 
     def wait_for(self, counter, level, timeout=START_TIMEOUT):
-        """Block until the server's hook counter reaches level (see tcp_proxy's Hooks)."""
+        """Block until the server's hook counter reaches level (see ground.server's Hooks)."""
         self.pipe.send(("wait", counter, level, timeout))
         failure = self.pipe.recv() if self.pipe.poll(timeout + START_TIMEOUT) else "no answer"
         if failure:

@@ -22,7 +22,8 @@ import statistics
 import threading
 import time
 
-from tcp_proxy import PassthroughProxy, recv, shutdown
+from ground.server import recv, shutdown
+from tcp_proxy import PassthroughProxy
 
 from bench.machinery import (STOP_TIMEOUT, ExternalRelay, ServiceProcess, close_clients,
                              compare_relays, connect_clients, exchange_rounds, one_line, progress,

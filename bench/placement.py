@@ -2,7 +2,7 @@
 reader of the lesson need not read this module: it changes no byte a proxy sends,
 only which CPU runs the threads that send them.
 
-    OneCpuPerGroup   a mixin for any tcp_proxy.Server: each connection's threads run
+    OneCpuPerGroup   a mixin for any ground.server.Server: each connection's threads run
                      on one CPU, shared by the server's connections until it holds
                      sockets_per_cpu more sockets, then the next CPU (Linux only)
     placed(cls)      cls with the mixin applied, as the bench's rows use it

@@ -9,7 +9,7 @@ for its reply (pipeline 1) and 16 at a time on each connection (-P 16):
     layer 4, bytes   PassthroughProxy, socat, HAProxy (TCP mode): a connection to
                      Redis per client, whatever the bytes say; and PassthroughProxy
                      with the mechanism study's os.splice() pump (bench/mechanisms.py)
-    layer 7, RESP    FramedProxy(framing=resp.RESP) cap 8, ManagedProxy(framing=
+    layer 7, RESP    SessionProxy(framing=resp.RESP) cap 8, ManagedProxy(framing=
                      resp.RESP) over one connection, twemproxy (nutcracker) with
                      server_connections 1: they read where each request and reply
                      ends, and share a few connections among many clients
@@ -59,7 +59,7 @@ SAMPLE_EVERY = 0.02                # seconds between CLIENT LIST samples during 
 CHECK_THREADS = 8                  # check_values(): threads, each with its own connection
 CHECK_PAIRS = 150                  # check_values(): SET+GET pairs per thread
 GET_THEM = "`make bench-tools` installs it"
-WORKERS_LABEL = "PassthroughProxy, 2 workers, placed"   # a process per core (Server's workers=)
+WORKERS_LABEL = "PassthroughProxy, 2 workers, placed"   # a process per core (ground.workers)
 WORKERS_TARGETS = ((8, 1.0), (64, 1.2))   # (clients, the least x socat at pipeline 1)
 MANAGED_LABEL = "ManagedProxy(RESP) 1 conn"
 # (clients, -P, the least x twemproxy)
@@ -89,8 +89,9 @@ def target_specs():
          lambda addr: ServiceProcess(SplicePassthroughProxy, addr)),
         ("socat", "4", "socat", lambda addr: ExternalRelay("socat", addr)),
         ("haproxy", "4", "haproxy", lambda addr: ExternalRelay("haproxy", addr)),
-        (f"FramedProxy(RESP) cap {FRAMED_POOL_CAP}, placed", "7", None,
-         lambda addr: ServiceProcess("framed", addr, pool_cap=FRAMED_POOL_CAP, framing=resp.RESP)),
+        (f"SessionProxy(RESP) cap {FRAMED_POOL_CAP}, placed", "7", None,
+         lambda addr: ServiceProcess("sessions", addr, pool_cap=FRAMED_POOL_CAP,
+                                     framing=resp.RESP)),
         (MANAGED_LABEL, "7", None,   # one loop thread: nothing to place
          lambda addr: ServiceProcess("managed", addr, connections=1, framing=resp.RESP)),
         ("twemproxy", "7", "nutcracker", lambda addr: ExternalRelay("nutcracker", addr)),

@@ -5,7 +5,7 @@ need not read it: it is how BENCH.md's count of them is made.
     (make redis-py-tests: the venv it needs, then this)
 
 For each protocol and each kind it starts a private redis-server, the pool in front of it
-(FramedProxy cap 8, or ManagedProxy over one connection; the policy's server-wide commands
+(SessionProxy cap 8, or ManagedProxy over one connection; the policy's server-wide commands
 allowed by name but SHUTDOWN, so the tests that use them can run), and redis-py's
 tests/test_commands.py from the source distribution of the redis-py in its venv, with its
 defaults (protocol 3) or ?protocol=2; then one row each: passed, failed, errors, and the
@@ -28,7 +28,7 @@ from part2.managed import ManagedProxy
 from part3 import commands
 from part3.redis_server import RedisServer
 from part3.resp import Resp
-from tcp_proxy import FramedProxy
+from part3.framed import SessionProxy
 
 VENV_PYTHON = pathlib.Path(__file__).resolve().parent.parent / ".venv-redis-py-tests/bin/python"
 KINDS = ("direct", "framed", "managed")
@@ -66,7 +66,7 @@ def pool(kind, upstream):
     if kind == "direct":
         yield upstream[1]
         return
-    made = (FramedProxy(upstream, framing=framing, pool_cap=8) if kind == "framed"
+    made = (SessionProxy(upstream, framing=framing, pool_cap=8) if kind == "framed"
             else ManagedProxy([(upstream, 1)], framing=framing))
     with made:
         yield made.addr[1]

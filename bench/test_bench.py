@@ -15,7 +15,8 @@ from bench import bench, bench_part3, cited, machinery, mechanisms, placement, r
 from conftest import need_redis
 from part3 import resp
 from part3.redis_server import RedisControl, RedisServer, read_resp
-import tcp_proxy
+from ground.frames import Frames
+from ground.server import Server, recv
 from tcp_proxy import PassthroughProxy, Upstream
 
 
@@ -214,7 +215,7 @@ def test_bench_in_order_fast_replies_never_come_before_the_slow_delay_and_tagged
 
 # --- bench/placement.py -----------------------------------------------------------------
 
-class AffinityRecorder(placement.OneCpuPerGroup, tcp_proxy.Server):
+class AffinityRecorder(placement.OneCpuPerGroup, Server):
     """Notes the CPUs each connection's thread may run on, then echoes until EOF."""
     sockets_per_cpu = 2
 
@@ -256,7 +257,7 @@ def need_tool(tool):
         pytest.skip(f"{tool} is not on PATH (`make bench-tools` installs it)")
 
 
-class PlantedRedis(tcp_proxy.Server):
+class PlantedRedis(Server):
     """SET and GET over RESP from a dict, one connection at a time; the GET numbered
     wrong_get (counting from 1, across connections) is answered with a wrong value."""
 
@@ -267,8 +268,8 @@ class PlantedRedis(tcp_proxy.Server):
         self.wrong_get = wrong_get
 
     def handle(self, conn):
-        frames = tcp_proxy.Frames(resp.RESP.reply_parser)   # a RESP array frames like a reply
-        while data := tcp_proxy.recv(conn):
+        frames = Frames(resp.RESP.reply_parser)   # a RESP array frames like a reply
+        while data := recv(conn):
             frames.feed(data)
             while (request := frames.take()) is not None:
                 words = request.split(b"\r\n")[2::2][:int(request[1:request.index(b"\r\n")])]

@@ -19,7 +19,7 @@ import math
 import threading
 
 from part2.clock import RealClock
-from tcp_proxy import Hooks
+from ground.server import Hooks
 
 LOG = logging.getLogger("part2.managed")   # the face's name: the one a user configures
 

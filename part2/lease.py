@@ -2,8 +2,8 @@
 a wait, a stream), on the set's loop, beside the shared pipeline. A reader of the batch
 path need not read it: a client that never asks for any of this never reaches it.
 
-    ManagedLending  one proxy's lender, as its sessions see it (part3/lending.py's
-                    lender_of() makes it): next_id(), facts() learned once through the
+    ManagedLending  one proxy's lender, as its sessions see it (ground/session.py names what
+                    it drives): next_id(), facts() learned once through the
                     set (NotYet until then), how many connections of their own its
                     clients have (within the framing's dedicated_cap)
     SessionFraming  the framing of a client's own connection: its fit is the session's
@@ -32,8 +32,8 @@ from part2.calls import ManagedError, Run
 from part2.client import ManagedClient
 from part2.connection import READ_SIZE, start_connect
 from part2.loop import READ, WRITE
-from part2.pipeline import HELD, NotYet
-from tcp_proxy import Frames, Passed, Piece
+from ground.session import HELD, NotYet
+from ground.frames import Frames, Passed, Piece
 
 FACTS_RETRY = 1.0   # seconds the pool answers with its failure to learn, before it asks again
 

@@ -13,7 +13,8 @@ from part2.managed import (ManagedClient, ManagedError, ManagedProxy, ManagedSet
                            VirtualClock)
 from scaffolding import kit
 from scaffolding.faults import FaultyUpstream
-from tcp_proxy import Hooks, read_lines
+from ground.server import Hooks
+from tcp_proxy import read_lines
 
 
 # --- the demo's helpers ---------------------------------------------------------

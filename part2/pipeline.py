@@ -10,7 +10,7 @@
                   replies go into the client's bytes once the places before it are
     hand_out()    the one loop that does so, for the replies of many entries at once
     ClientStream  one proxy client: its bytes in, whole requests out (framed by
-                  tcp_proxy.Frames, admitted by the framing's session), grouped as
+                  ground.frames.Frames, admitted by the framing's session), grouped as
                   entries; the replies to them out as bytes, in the client's own order
 
 No socket, thread, clock or lock: the connection and the proxy drive them from the loop,
@@ -19,10 +19,10 @@ protocol carries no request ids, so order is the only thing that matches them.
 """
 import collections
 
+from ground.session import POOLED, NotYet
 from part2.calls import Run
-from tcp_proxy import Frames, Head, Passed
+from ground.frames import Frames, Head, Passed
 
-POOLED, HELD, OWN = "pooled", "held", "own"   # how a session's request is lent a connection
 
 
 class OutOfStep(Exception):
@@ -38,19 +38,6 @@ class OutOfStep(Exception):
 
 class StateRefused(OutOfStep):
     """A reply to the pipeline's own sync says the connection did not take the state."""
-
-
-class NotYet(Exception):
-    """What a session raises when its answer needs what the pool is still learning (Redis:
-    the server's version for HELLO): then(resume) is called once it has been learned."""
-
-    def __init__(self, waiters):
-        super().__init__("not learned yet")
-        self.waiters = waiters
-
-    def then(self, resume):
-        if resume not in self.waiters:
-            self.waiters.append(resume)
 
 
 class SyncCheck:
@@ -352,9 +339,8 @@ class ClientStream:
         self.framing = framing
         self.counts = counts
         self.frames = passing_frames(framing, framing.request_parser)
-        self.session = framing.session(pool)   # what the pool answers itself, before any upstream
-        if not hasattr(self.session, "lease"):   # one that keeps nothing (the toy protocol's)
-            self.session.lease, self.session.state, self.session.quitting = POOLED, None, False
+        # what the pool answers itself, before any upstream; its lender does what it says
+        self.session = framing.session(pool.lending if pool else None)
         self.waiting = collections.deque()   # entries not yet written whole, in the client's order
         self.out = bytearray()     # bytes for the client
         self.parked_bytes = 0      # bytes for it parked behind an entry still owed (park())

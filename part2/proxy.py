@@ -8,7 +8,7 @@
                    read while its replies keep up, written once per turn
 
 The order a request takes: the turn reads the client -> ClientStream.feed(): framed
-(tcp_proxy.Frames), admitted (framing.session().admit(): None sends it on, bytes are the
+(ground.frames.Frames), admitted (framing.session().admit(): None sends it on, bytes are the
 pool's own answer) -> an entry per client per turn, gathered -> once the reads are over,
 ManagedSet.place_batch(): one pick, one run per connection for every client's entries,
 the connection's queue -> one send upstream in the turn's send phase -> the replies,
@@ -28,8 +28,11 @@ from part2.lease import ManagedLending, OwnLink, StreamLink
 from part2.loop import READ, WRITE, Counted, Loop, start_thread
 from part2.managed_set import ManagedSet, check_services
 from part2.connection import OUT_MAX as UPSTREAM_QUEUED, WINDOW
-from part2.pipeline import HELD, ClientStream, Entry
-from tcp_proxy import LINES, LISTEN_BACKLOG, Head, host_and_port
+from ground.session import HELD
+from part2.pipeline import ClientStream, Entry
+from ground.frames import Head
+from ground.server import LISTEN_BACKLOG, host_and_port
+from tcp_proxy import LINES
 
 ACCEPTS_PER_TURN = 64     # connections accepted in one turn; the rest wait for the next
 ACCEPT_BACKOFF = 0.05     # seconds the listener rests after accept() fails (out of descriptors)

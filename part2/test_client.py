@@ -10,7 +10,8 @@ from part2.managed import (ManagedClient, ManagedError, ManagedSet, ReliabilityC
                            ServiceUnavailable, VirtualClock)
 from part2.managed_demo import in_background, outcome
 from scaffolding.faults import FaultyUpstream
-from tcp_proxy import Hooks, answer
+from ground.server import Hooks
+from tcp_proxy import answer
 
 A = ("127.0.0.2", 7001)   # nothing listens there
 

@@ -16,7 +16,8 @@ from part2.managed import (CommunicationError, ManagedClient, MessageLost, Messa
 from part2.loop import Loop
 from part2.managed_demo import in_background, outcome
 from scaffolding.faults import FaultyUpstream
-from tcp_proxy import MAX_LINE, LineFraming
+from ground.frames import MAX_LINE
+from tcp_proxy import LineFraming
 
 
 # --- connecting and the initial ping -----------------------------------------------------

@@ -15,7 +15,7 @@ from part2.calls import Call, ManagedError
 from part2.loop import READ, Counted, Loop
 from part2.managed import ReliabilityCache, VirtualClock
 from part2.managed_demo import in_background
-from tcp_proxy import Hooks
+from ground.server import Hooks
 
 LESSON_MODULES = ["clock", "cache", "calls", "loop", "pipeline", "connection", "client",
                   "managed_set", "proxy"]

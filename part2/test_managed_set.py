@@ -13,7 +13,8 @@ from part2.managed_demo import in_background, outcome
 from part2.managed_set import Batch, choose, service_order
 from part2.pipeline import ClientStream, Pipeline
 from scaffolding.faults import FaultyUpstream
-from tcp_proxy import LINES, Hooks, answer
+from ground.server import Hooks
+from tcp_proxy import LINES, answer
 
 A, B = ("127.0.0.2", 7001), ("127.0.0.2", 7002)   # nothing listens there
 OTHER_HOST = ("127.0.0.3", 7001)

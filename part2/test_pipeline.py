@@ -6,7 +6,8 @@ import pytest
 
 from part2.calls import MessageLost, MessageTimeout, Run
 from part2.pipeline import ClientStream, OutOfStep, Pipeline, hand_out
-from tcp_proxy import LINES, MAX_LINE, answer
+from ground.frames import MAX_LINE
+from tcp_proxy import LINES, answer
 
 
 class Sink:

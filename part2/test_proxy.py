@@ -19,7 +19,9 @@ from part2.managed import ManagedClient, ManagedProxy, ManagedSet, ReliabilityCa
 from part2.managed_demo import ask, in_background
 from scaffolding import kit
 from scaffolding.faults import FaultyUpstream
-from tcp_proxy import MAX_LINE, FramedProxy, Hooks, answer, read_lines, shutdown
+from ground.frames import MAX_LINE
+from ground.server import Hooks, shutdown
+from tcp_proxy import answer, FramedProxy, read_lines
 
 HERE = str(ROOT)
 

@@ -13,24 +13,25 @@ from conftest import need_redis
 from part2.managed import ManagedProxy
 from part3.resp import RESP
 from part3 import redis_server
-from tcp_proxy import FramedProxy
+from part3.framed import SessionProxy
 
 TIMEOUT = 5.0   # seconds a test's client waits for a reply before the test fails
 
 # The pools a client-level test runs through: each keeps its clients' sessions.
-POOL_KINDS = ["FramedProxy", "ManagedProxy"]
+POOL_KINDS = ["SessionProxy", "ManagedProxy"]
 
 
 def make_pool(kind, redis, framing=RESP, pool_cap=4):
     if kind == "ManagedProxy":
         return ManagedProxy([(redis.addr, 1)], framing=framing)
-    return FramedProxy(redis.addr, framing=framing, pool_cap=pool_cap)
+    return SessionProxy(redis.addr, framing=framing, pool_cap=pool_cap)
 
 
 # Both Redis proxies the project builds: the pool that lends a connection per request, and
 # Part two's set, which pipelines every client over one connection (as twemproxy does).
 REDIS_PROXIES = {
-    "FramedProxy": lambda redis, pool_cap: FramedProxy(redis.addr, framing=RESP, pool_cap=pool_cap),
+    "SessionProxy": lambda redis, pool_cap: SessionProxy(redis.addr, framing=RESP,
+                                                         pool_cap=pool_cap),
     "ManagedProxy": lambda redis, pool_cap: ManagedProxy([(redis.addr, 1)], framing=RESP),
 }
 
@@ -121,7 +122,7 @@ def direct_and_pooled(redis, control, proxy, requests):
 
 
 def lost(proxy):
-    """What a pool counts of a client served badly: FramedProxy's connections checked in
+    """What a pool counts of a client served badly: SessionProxy's connections checked in
     dirty or discarded, ManagedProxy's errors made and clients dropped."""
     if isinstance(proxy, ManagedProxy):
         return (proxy.failed, proxy.dropped)

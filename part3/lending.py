@@ -1,15 +1,17 @@
-"""lending: how FramedProxy lends connections to a client whose session keeps state (Redis:
-its protocol and database, a transaction, a subscription). A reader of Part one need not
-read it: FramedProxy hands each request to its session's serve(), and a Redis session
-(resp.RedisSession, socket-free) decides what the request needs; this module does it,
-with the pool's own parts: checkout(), checkin(), read_reply(), in_step(), connect().
+"""lending: how SessionProxy (part3/framed.py) lends connections to a client whose session
+keeps state (Redis: its protocol and database, a transaction, a subscription). A reader of
+Part one need not read it: the session (part3/session.py's RedisSession, socket-free) decides
+what each request needs, and the lender does it, with the pool's own parts: checkout(),
+checkin(), read_reply(), in_step(), connect().
 
-    Lending       one pool's lender: serve(session, client, request, requests) for each
-                  request, close(session) once its client has gone; facts() and
-                  next_id() for the sessions; what each connection carries (its state),
-                  and how many connections of their own its clients have (dedicated_cap)
+    Lending       one pool's lender (ground.session names what it drives): serve(session,
+                  client, request, requests) for each request, close(session) once its
+                  client has gone; facts() and next_id() for the sessions; what each
+                  connection carries (its state), and how many connections of their own
+                  its clients have (dedicated_cap)
     Passing       a long reply's pieces to the client as they come, the first judged first
-    StreamRelay   a stream's connection (SUBSCRIBE) relayed to its client by a thread
+    Refused       what it raises when a client may not have a connection of its own now
+A stream's connection (SUBSCRIBE) is relayed by part3/streams.py.
 
 The order a request takes: session.admit() (None: it goes upstream) -> lend(): the
 connection the client holds, one of its own, or a checkout -> sync(): the requests that
@@ -17,19 +19,7 @@ bring that connection to the session's state (HELLO, SELECT; the pool's own AUTH
 fresh one), in the same write as the request -> their replies read and checked -> the
 wait, for a command that waits -> read_reply(), in_step() with the session's fit ->
 session.replied() -> give_back(): kept by the client while it holds it, else checked in.
-
-What a session offers its pool (the interface; a pool drives it one request at a time):
-    admit(request)          None: send it on; bytes: the pool's own answer
-    lease                   POOLED (a checkout for this request), HELD (the connection the
-                            client holds while `holds`), OWN (one opened for it, closed after)
-    state, sync(state)      what a connection must carry; the requests that bring one there
-    synced(request, reply)  why a reply to one of those is wrong, or None
-    fits(request, reply), replied(request, reply), holds, wait
-    streams, settles, barrier(), pushed(message)   a stream's messages, and its end
-    lost()                  the connection its mode lived on is gone
-    quitting                the client asked to end
 """
-import contextlib
 import itertools
 import math
 import select
@@ -37,20 +27,12 @@ import threading
 import time
 import weakref
 
-from part2.pipeline import OWN
-from tcp_proxy import Frames, Head, OutOfStep, Passed, recv, shutdown
+from ground.frames import Frames, Head, Passed, rest_of
+from ground.server import shutdown
+from ground.session import OWN
+from tcp_proxy import OutOfStep
 
 HANG_UP = getattr(select, "POLLRDHUP", 0)   # poll()'s "the peer has stopped sending" (Linux)
-LENDERS = weakref.WeakKeyDictionary()   # pool -> its Lending
-MADE = threading.Lock()   # held while a pool's Lending is made
-
-
-def lender_of(pool):
-    """The pool's Lending, made the first time a session asks."""
-    with MADE:
-        if pool not in LENDERS:   # a pool with a lending of its own (ManagedProxy) has it made
-            LENDERS[pool] = getattr(pool, "lending", None) or Lending(pool)
-        return LENDERS[pool]
 
 
 class Refused(Exception):
@@ -59,11 +41,11 @@ class Refused(Exception):
 
 
 class Lending:
-    """What one pool does for its clients' sessions, beside its Part one exchange()."""
+    """What one SessionProxy does for its clients' sessions, beside Part one's exchange()."""
 
-    def __init__(self, pool):
+    def __init__(self, pool, framing):
         self.pool = pool
-        self.framing = pool.framing
+        self.framing = framing
         self.carries = weakref.WeakKeyDictionary()   # connection -> the state its sync left
         self.held = {}       # session -> the connection its client holds (a transaction)
         self.own = 0         # connections of a client's own (a wait, a stream) open now
@@ -89,7 +71,7 @@ class Lending:
             if session.quitting:   # QUIT: +OK, then the end; nothing after it is answered
                 shutdown(client)
         elif session.streams:
-            self.stream(session, client, request, requests)
+            self.pool.stream(session, client, request, requests)
         else:
             client.sendall(self.exchange(session, request, client, rest))
 
@@ -265,69 +247,6 @@ class Lending:
         raise TimeoutError(f"no reply within the {wait:g} s it waits, and "
                            f"{self.pool.reply_timeout:g} s more")
 
-    # --- a stream
-
-    def stream(self, session, client, request, requests):
-        """A request that makes its connection a stream (SUBSCRIBE): a connection of its own,
-        relayed to the client by a thread of its own (StreamRelay) while the client's next
-        requests go on it, until the stream ends (the last unsubscribe, as the replies count
-        them), the client leaves or asks to end; then it is closed, never pooled. Before the
-        pool answers anything itself, a barrier: every reply owed has reached the client."""
-        try:
-            sock = self.open_own()
-        except Refused as error:
-            session.lost()
-            client.sendall(self.framing.error(f"tcp-proxy: {error}"))
-            return
-        except OSError as error:
-            session.lost()
-            client.sendall(self.framing.error(f"upstream: {error}"))
-            return
-        relay = None
-        try:
-            sync = session.sync(None)
-            sock.sendall(b"".join(sync))
-            buffer = self.read_synced(sock, session, sync)   # the stream's first bytes, if any
-            relay = StreamRelay(self.pool, sock, client, session, buffer)
-            relay.send(request)
-            while session.streams and not relay.ended:
-                if (request := self.pool.next_request(client, requests)) is None:
-                    return
-                answer = session.admit(request)
-                for _ in rest_of(requests) if isinstance(request, Head) else ():
-                    pass   # a long request is never sent on a stream: refused, read to its end
-                if answer is None:
-                    relay.send(request)
-                    continue
-                relay.settle()   # every reply owed before the pool's own answer goes first
-                if not session.streams:
-                    relay.stop()   # the stream has ended (RESET, QUIT): nothing may follow
-                relay.write(answer)
-                if session.quitting:
-                    shutdown(client)
-                    return
-        except (OSError, OutOfStep) as error:
-            message = self.framing.error(f"upstream: {error}")
-            if relay:
-                relay.write(message)
-            else:
-                client.sendall(message)
-        finally:
-            if relay:
-                relay.stop()
-            self.close_own(sock)
-            if session.streams:   # the upstream ended it: the subscriber is told by its end
-                session.lost()
-                shutdown(client)
-
-
-def rest_of(requests):
-    """The pieces of a long request after its Head, as they arrive, up to its end."""
-    for piece in requests:
-        yield piece
-        if isinstance(piece, Passed):
-            return
-
 
 class Passing:
     """Where a long reply's pieces go (FramedProxy.read_reply(passing=)): to the client as
@@ -344,97 +263,3 @@ class Passing:
                             f"{self.request[:40]!r}")
         self.client.sendall(piece)
         self.begun = True
-
-
-class StreamRelay:
-    """One stream's two directions (Lending.stream()): its connection's messages to the
-    client as they come, each whole (a long one passed on as it arrives), by a thread of its
-    own; the client's requests to it; and the barrier between them: after a request that
-    settles, and before the pool's own answer, the session's barrier() goes too, and every
-    reply owed before it has reached the client once the barrier's own reply is back."""
-
-    def __init__(self, pool, sock, client, session, buffer):
-        self.pool, self.sock, self.client, self.session = pool, sock, client, session
-        self.writing = threading.Lock()   # each write to the client whole: relayed, or the pool's
-        self.settled = threading.Condition()   # barriers sent and seen; the thread's end
-        self.sent = self.seen = 0
-        self.passing = False    # a long message is going to the client: `writing` is held
-        self.ended = False      # the thread has stopped: the stream is over, whoever ended it
-        self.stopping = False   # stop() ended it, not the upstream
-        sock.settimeout(None)   # a stream is silent for as long as it likes
-        self.thread = pool.spawn(self.run, buffer)
-
-    def send(self, request):
-        """A request on the stream; one that settles takes a barrier along, and is waited for."""
-        barrier = self.session.barrier() if self.session.settles else b""
-        with self.settled:
-            self.sent += bool(barrier)
-            target = self.sent
-        self.sock.sendall(request + barrier)
-        self.wait(target)
-
-    def settle(self):
-        """A barrier alone: every reply owed before it has reached the client once it returns."""
-        with self.settled:
-            self.sent += 1
-            target = self.sent
-        self.sock.sendall(self.session.barrier())
-        self.wait(target)
-
-    def wait(self, target):
-        with self.settled:
-            if not self.settled.wait_for(lambda: self.seen >= target or self.ended,
-                                         self.pool.exchange_timeout):
-                raise TimeoutError(f"no reply to the pool's barrier within "
-                                   f"{self.pool.exchange_timeout:g} s")
-
-    def write(self, data):
-        with self.writing, contextlib.suppress(OSError):   # a client gone: its handler ends
-            self.client.sendall(data)
-
-    def stop(self):
-        self.stopping = True
-        shutdown(self.sock)   # wakes the thread's recv()
-        if self.thread is not threading.current_thread():
-            self.thread.join()
-
-    def run(self, buffer):
-        frames = Frames(lambda: self.pool.framing.reply_parser(passing=True), buffer)
-        try:
-            while True:
-                while (message := frames.take()) is not None:
-                    self.relay(message)
-                if not (data := recv(self.sock)):
-                    return
-                frames.feed(data)
-        except (ValueError, OSError) as error:   # out of step, or a client gone
-            if not self.stopping and not self.passing:
-                self.write(self.pool.framing.error(f"upstream: out of step: {error}"))
-        finally:
-            if self.passing:
-                self.writing.release()
-            with self.settled:
-                self.ended = True
-                self.settled.notify_all()
-            if not self.stopping:   # the upstream ended it: so does the client's connection
-                shutdown(self.client)
-
-    def relay(self, message):
-        """One message, or one piece of a long one: to the client, unless it is the reply to
-        the pool's own barrier."""
-        if isinstance(message, Head):
-            self.writing.acquire()
-            self.passing = True
-        if self.passing:
-            self.client.sendall(message)   # a Passed marker has no bytes: it is the end
-            if isinstance(message, Passed):
-                self.passing = False
-                self.writing.release()
-            return
-        with self.settled:
-            if not (theirs := self.session.pushed(message)):
-                self.seen += 1
-                self.settled.notify_all()
-        if theirs:
-            with self.writing:
-                self.client.sendall(message)

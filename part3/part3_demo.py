@@ -27,7 +27,9 @@ from scaffolding import kit
 from scaffolding.faults import TrustingPool
 from scaffolding.kit import ROUNDS, Client, clients, keys_for, run_concurrently, sent_line, show
 from part3.redis_server import read_resp, redis_and_control
-from tcp_proxy import FramedProxy, Hooks, NaiveProxy, answer
+from ground.server import Hooks
+from tcp_proxy import answer, FramedProxy, NaiveProxy
+from part3.framed import SessionProxy
 
 
 def stored(control, values):
@@ -182,7 +184,7 @@ def resp_pool():
         control.command("RPUSH list one two")
         print(f"  redis holds  {len(values)} keys (alpha1=ALPHA1 ... hotel3=HOTEL3) "
               "and list=[one, two]")
-        proxy = stack.enter_context(FramedProxy(redis.addr, pool_cap=1, framing=resp.RESP))
+        proxy = stack.enter_context(SessionProxy(redis.addr, pool_cap=1, framing=resp.RESP))
         single = Client("A", proxy.addr)
         stack.callback(single.close)
         for line in ("GET alpha1", "GET missing", "LRANGE list 0 -1", "PING"):

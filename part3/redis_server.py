@@ -6,7 +6,7 @@ tests. A reader of the lesson need not read this module: it starts a real Redis 
                        directory; close() stops it and waits for it;
                        kill_and_restart() crashes it and starts another on its port
     RedisControl       the scenario's own connection to Redis (SET, CLIENT PAUSE)
-    read_resp()        one whole RESP reply from a socket, framed by tcp_proxy.Frames
+    read_resp()        one whole RESP reply from a socket, framed by ground.frames.Frames
     redis_and_control()  both, ended as an ExitStack unwinds
 """
 import os
@@ -19,7 +19,8 @@ import time
 
 from part3 import resp
 from scaffolding.kit import free_port
-from tcp_proxy import Frames, Hooks
+from ground.frames import Frames
+from ground.server import Hooks
 
 INSTALL_HINT = ("demo.py --part3 needs redis-server on PATH; install it with "
                 "'apt-get install redis-server' (Debian, Ubuntu) or 'brew install redis' (macOS)")

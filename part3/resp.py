@@ -66,10 +66,9 @@ import re
 import secrets
 
 import part3.commands as commands
-import part3.lending as lending
-import tcp_proxy
-from part2.pipeline import HELD, OWN, POOLED
-from tcp_proxy import Head, Piece, Session
+from ground import frames
+from ground.frames import Head, Piece
+from ground.session import HELD, OWN, POOLED, Session
 
 MAX_REPLY = 1 << 20     # the longest reply a pool will buffer (Redis allows 512 MB; a toy does not)
 MAX_REQUEST = 1 << 20   # the longest request array it will buffer
@@ -134,7 +133,7 @@ class Overlong(bytes):
         return message
 
 
-class Passed(tcp_proxy.Passed):
+class Passed(frames.Passed):
     """The end of a message too long to keep, handed on as it came (Parser(overlong="pass")):
     no bytes of its own (every byte went before it, piece by piece); what is known of the
     message, as an Overlong knows it: its size, the limit, its first bytes, a request?"""
@@ -598,11 +597,12 @@ class Resp:
         items = words(request)
         return self.verdict(items)[1] if items else None
 
-    def session(self, pool=None):
-        """What the pool keeps of one client between its requests (RedisSession): with a
-        pool that can hold state for it (FramedProxy, ManagedProxy), the session answers,
-        replays, pins and dedicates; without one, it refuses what would need it."""
-        return RedisSession(self, pool)
+    def session(self, lender=None):
+        """What the pool keeps of one client between its requests (RedisSession): with the
+        lender of a pool that can hold state for it (SessionProxy's, ManagedProxy's), the
+        session answers, replays, pins and dedicates; without one, it refuses what would
+        need it."""
+        return RedisSession(self, lender)
 
     passes_long = True   # a message longer than a pool keeps can be passed on in pieces
     fresh_state = (2, 0, False, None)   # what a connection the pool opens carries, AUTH said:
@@ -985,12 +985,11 @@ class RedisSession(PoolAnswers, Session):
     """
     lease, wait, quitting = POOLED, None, False   # what admit() says of the request admitted
 
-    def __init__(self, framing, pool=None):
-        super().__init__(framing, pool)
+    def __init__(self, framing, lender=None):
+        super().__init__(framing, lender)   # the lender does what the session says
         self.refused_transaction = False   # from a refused MULTI to its EXEC or DISCARD
         self.refused_why = "was refused at its MULTI"
-        self.lender = lending.lender_of(pool) if pool else None   # does what the session says
-        self.id = self.lender.next_id() if pool else 0
+        self.id = lender.next_id() if lender else 0
         self.reset()
 
     def reset(self):
@@ -1038,7 +1037,7 @@ class RedisSession(PoolAnswers, Session):
                 return b""
         if self.refused_transaction:
             return self.inside_refused_transaction(items)
-        if self.pool is None:
+        if self.lender is None:
             if not self.authenticated:   # a pool password: checked here, with no connection
                 return self.auth(items) if items[0].upper() == b"AUTH" else NOAUTH
             return self.without_state(items)
@@ -1154,13 +1153,7 @@ class RedisSession(PoolAnswers, Session):
     def refuse(self, reason):
         return self.framing.error(f"tcp-proxy: {reason}")
 
-    # --- the pool drives these (tcp_proxy.Session)
-
-    def serve(self, client, request, requests):
-        self.lender.serve(self, client, request, requests)
-
-    def close(self):
-        self.lender.close(self)
+    # --- the lender drives these (ground.session.Session)
 
     def sync(self, state):
         """What brings a connection carrying `state` (None: just opened) to this client's."""
@@ -1173,7 +1166,7 @@ class RedisSession(PoolAnswers, Session):
         """The fit of a reply the pool's parser framed (or of a long one's first bytes): the
         framing's, by its type, and more: inside MULTI, +QUEUED or an error (EXEC and DISCARD
         aside); a connection that speaks RESP2 sends none of RESP3's types."""
-        if isinstance(reply, tcp_proxy.Passed):   # a long reply passed on: its first bytes
+        if isinstance(reply, frames.Passed):   # a long reply passed on: its first bytes
             reply = reply.head
         first = reply[:1]
         if self.protocol == 2 and first and first[0] in RESP3_ONLY:

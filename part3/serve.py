@@ -18,7 +18,7 @@ that ends in an error, and ends cleanly, exit status 0, on
 SIGINT or SIGTERM. The stats port answers each connection with one JSON document of the
 pool's counters, then closes it, as twemproxy's stats port does.
 
-    Stats          the stats port: a tcp_proxy.Server whose handle() writes the JSON
+    Stats          the stats port: a ground.server.Server whose handle() writes the JSON
     build_pool()   the pool the arguments ask for, listening where they say
     main(argv)     parse, build, print the address, wait for a signal, close
 """
@@ -31,7 +31,8 @@ import sys
 
 from part2.managed import ManagedProxy
 from part3 import acl
-from tcp_proxy import FramedProxy, Server
+from part3.framed import SessionProxy
+from ground.server import Server
 
 LOG = logging.getLogger("part3.serve")
 SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -79,8 +80,8 @@ def counters_of(pool):
     return found
 
 
-class LoggedFramedProxy(FramedProxy):
-    """FramedProxy that logs each upstream connection it closes after an error."""
+class LoggedSessionProxy(SessionProxy):
+    """SessionProxy that logs each upstream connection it closes after an error."""
     ERRORS = {"discarded": "an error or a hang-up", "dirty": "the upstream was out of step"}
 
     def count(self, name, amount=1):
@@ -104,7 +105,7 @@ def build_pool(options, environ=os.environ):
     if said:
         LOG.warning("%s", said)
     if options.kind == "framed":
-        kind = type("Served", (LoggedFramedProxy,), {"listen_addr": options.listen})
+        kind = type("Served", (LoggedSessionProxy,), {"listen_addr": options.listen})
         return kind(options.upstream, pool_cap=options.size, framing=framing)
     kind = type("Served", (ManagedProxy,), {"listen_addr": options.listen})
     return kind([(options.upstream, options.size)], framing=framing, on_event=log_transitions)
@@ -118,7 +119,7 @@ def parse(argv, environ=os.environ):
     parser.add_argument("--listen", type=address, default=("127.0.0.1", 6380),
                         help="where clients connect (default 127.0.0.1:6380; port 0: any free one)")
     parser.add_argument("--kind", choices=("framed", "managed"), default="framed",
-                        help="framed: a connection per request in flight (FramedProxy); managed: "
+                        help="framed: a connection per request in flight (SessionProxy); managed: "
                              "requests pipelined on the loop (ManagedProxy)")
     parser.add_argument("--size", type=int, default=8,
                         help="upstream connections: the pool's cap, or the set's per service")

@@ -45,8 +45,9 @@ import threading
 import time
 
 from part2.connection import ABANDONED_MAX   # Part two's bound on replies owed to nobody
-from tcp_proxy import (Hooks, LineTooLong, Server, answer, host_and_port, loggable, read_lines,
-                       ready, shutdown)
+from ground.frames import LineTooLong
+from ground.server import Hooks, host_and_port, ready, Server, shutdown
+from tcp_proxy import answer, loggable, read_lines
 
 MAX_OWED = 1024        # calls owed on one connection (waiting or timed out, not yet answered)
 MAX_IN_FLIGHT = 256    # requests one upstream connection answers at once; past it, it stops reading

@@ -1,4 +1,4 @@
-"""Real Redis clients with their defaults through both Redis pools, FramedProxy(framing=RESP)
+"""Real Redis clients with their defaults through both Redis pools, SessionProxy(framing=RESP)
 and ManagedProxy(framing=RESP) (Part two's set, every client pipelined over one connection):
 redis-cli, redis-py (pooled, and one client shared by threads) and redis-benchmark, each
 checking that every value it reads is the one it wrote. The framing, refusals and deadlines
@@ -50,9 +50,9 @@ def test_redis_cli_sets_and_gets_through_the_pool(redis, proxy_kind):
 
 # RESP2 clients (protocol=2) and redis-py's defaults (RESP3) work through both pools.
 PROTOCOLS = [pytest.param("ManagedProxy", 2, id="ManagedProxy-resp2"),
-             pytest.param("FramedProxy", 2, id="FramedProxy-resp2"),
+             pytest.param("SessionProxy", 2, id="SessionProxy-resp2"),
              pytest.param("ManagedProxy", None, id="ManagedProxy-defaults"),
-             pytest.param("FramedProxy", None, id="FramedProxy-defaults")]
+             pytest.param("SessionProxy", None, id="SessionProxy-defaults")]
 
 
 @pytest.mark.parametrize("proxy_kind, protocol", PROTOCOLS)

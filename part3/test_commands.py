@@ -1,5 +1,5 @@
 """part3/commands.py: the command table, held against redis-server's own COMMAND list, and
-every request it refuses refused before any borrow, on both Redis pools (FramedProxy and
+every request it refuses refused before any borrow, on both Redis pools (SessionProxy and
 ManagedProxy over RESP): the commands it lacks, the ones that turn a connection into a
 replica's link or a debugger, the ones that act on the whole server (a policy, opened by
 name), the blocking forms hidden in arguments, and the inline commands redis-server would
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from part2.managed import ManagedProxy
-from part3 import acl, commands, conftest, lending
+from part3 import acl, commands, conftest
 from part3.conftest import array
 from part3.resp import RESP, Overlong, Resp, words
 from part3 import redis_server
-from tcp_proxy import FramedProxy
+from part3.framed import SessionProxy
 
 TIMEOUT = 3.0   # seconds a client of these tests waits for a reply before the test fails
 EXAMPLES = int(os.environ.get("SOAK", "40"))   # `make soak` raises it; the suite stays fast
@@ -64,7 +64,8 @@ def set_up(control, *lines):
 
 
 PROXIES = {
-    "FramedProxy": lambda redis, framing=RESP: FramedProxy(redis.addr, framing=framing, pool_cap=1),
+    "SessionProxy": lambda redis, framing=RESP: SessionProxy(redis.addr, framing=framing,
+                                                             pool_cap=1),
     "ManagedProxy": lambda redis, framing=RESP: ManagedProxy([(redis.addr, 1)], framing=framing),
 }
 
@@ -306,7 +307,7 @@ def test_forwards_plainly_only_a_forwarded_command_whose_arguments_cannot_change
 def test_replconf_which_redis_server_answers_with_nothing_is_refused_so_no_later_reply_shifts(
         redis, control, clients, proxy_kind):
     """Before, on ManagedProxy: a read b's value and b read c's (each reply settled the
-    call before its own); on FramedProxy a waited reply_timeout for a reply never sent."""
+    call before its own); on SessionProxy a waited reply_timeout for a reply never sent."""
     set_up(control, "SET secret:b b-own", "SET secret:c c-own")
     with PROXIES[proxy_kind](redis) as proxy:
         a, b, c = clients(proxy.addr, 3)
@@ -504,7 +505,7 @@ def test_a_blocking_xreadgroup_hidden_behind_a_consumer_named_streams_holds_no_s
             [b"$3\r\n1-1\r\n", b"+PONG\r\n"]
         assert attacker.read() == (b"*1\r\n*2\r\n$1\r\ns\r\n*1\r\n*2\r\n$3\r\n1-1\r\n"
                                    b"*2\r\n$1\r\nf\r\n$1\r\nv\r\n")
-        assert lending.lender_of(proxy).dedicated == 1   # the wait's own, now closed
+        assert proxy.lending.dedicated == 1   # the wait's own, now closed
 
 
 # --- inline commands redis-server would read otherwise ----------------------------------------
@@ -540,7 +541,7 @@ def test_an_inline_commands_words_are_split_as_redis_server_splits_them(redis):
 @pytest.mark.parametrize("proxy_kind", PROXIES)
 def test_requests_redis_server_would_never_answer_are_refused_before_any_borrow_and_hold_nothing(
         redis, control, clients, proxy_kind):
-    """Before, through FramedProxy: each held the pool's one connection for reply_timeout
+    """Before, through SessionProxy: each held the pool's one connection for reply_timeout
     (5 s), and two of them made a victim's PING wait about 5 s; ManagedProxy's stopped.
     The wait goes on a connection of its own, which redis-server answers at once (the
     group g does not exist)."""

@@ -19,13 +19,13 @@ from conftest import need_redis
 from part2.managed import ManagedProxy
 from part3.resp import RESP
 from part3 import redis_server
-from tcp_proxy import FramedProxy
+from part3.framed import SessionProxy
 
 EXAMPLES = int(os.environ.get("SOAK", "12"))   # per pool; `make soak` raises it
 TIMEOUT = 5.0   # seconds a client waits for a reply before the test has found a hang
 
 PROXIES = {
-    "FramedProxy": lambda addr: FramedProxy(addr, framing=RESP, pool_cap=2),
+    "SessionProxy": lambda addr: SessionProxy(addr, framing=RESP, pool_cap=2),
     "ManagedProxy": lambda addr: ManagedProxy([(addr, 1)], framing=RESP),
 }
 

@@ -19,7 +19,7 @@ from part3.redis_server import RedisControl, read_resp, redis_and_control
 from part3.resp import RESP, Resp
 from scaffolding import kit
 from scaffolding.faults import FaultyUpstream
-from tcp_proxy import Hooks
+from ground.server import Hooks
 
 
 class Sink:

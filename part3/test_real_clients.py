@@ -1,4 +1,4 @@
-"""FramedProxy(framing=resp.RESP) for real Redis clients: requests framed whole (arrays
+"""SessionProxy(framing=resp.RESP) for real Redis clients: requests framed whole (arrays
 and inline commands), refused when they cannot be shared, errors in RESP's form, a
 linear parse and deadlines. redis-cli, redis-py and redis-benchmark through it and
 through ManagedProxy(framing=RESP) are test_client_libraries.py's.
@@ -18,11 +18,14 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import need_redis
 from part3.conftest import REDIS_PROXIES, redis_py_client
-from part3 import lending, resp
+from part3 import resp
 from part3.resp import RESP
 from part3 import redis_server
 from part2.pipeline import ClientStream, hand_out
-from tcp_proxy import LINES, MAX_LINE, FramedProxy, Server, read_lines
+from ground.frames import MAX_LINE
+from ground.server import Server
+from tcp_proxy import FramedProxy, LINES, read_lines
+from part3.framed import SessionProxy
 
 EXAMPLES = int(os.environ.get("SOAK", "40"))
 
@@ -39,7 +42,7 @@ def reader_of(sock):
 
 
 def framed_pool(redis, **options):
-    return FramedProxy(redis.addr, framing=RESP, **options)
+    return SessionProxy(redis.addr, framing=RESP, **options)
 
 
 # --- request framing, by hand and at random -------------------------------------------------
@@ -234,7 +237,7 @@ def test_every_request_from_a_refused_multi_to_its_exec_or_discard_is_answered_a
 
 # --- a request too long to keep: read to its end, answered, never a reset -----------------------
 
-@pytest.mark.parametrize("proxy_kind", ["FramedProxy", "ManagedProxy"])
+@pytest.mark.parametrize("proxy_kind", ["SessionProxy", "ManagedProxy"])
 def test_a_request_and_a_reply_longer_than_the_pool_keeps_are_passed_on_as_they_arrive(
         redis, control, proxy_kind):
     """redis-py's test_large_responses: the 5 MB SET goes upstream as it arrives and the
@@ -248,10 +251,10 @@ def test_a_request_and_a_reply_longer_than_the_pool_keeps_are_passed_on_as_they_
             assert client.set("large", value) is True
             assert client.get("large") == value
             assert client.set("small", "fine") is True
-            if proxy_kind == "FramedProxy":
+            if proxy_kind == "SessionProxy":
                 assert (proxy.connections, proxy.opened, proxy.released) == (1, 1, 4)   # no HELLO
             else:   # the SET on a connection of its own, the GET's reply on the shared one
-                assert (proxy.connections, lending.lender_of(proxy).dedicated) == (1, 1)
+                assert (proxy.connections, proxy.lending.dedicated) == (1, 1)
         finally:
             client.close()
             client.connection_pool.disconnect()
@@ -307,7 +310,7 @@ def test_redis_server_answers_blank_lines_and_empty_arrays_with_nothing(redis):
             direct.recv(1)   # nothing more: the blanks got no reply
 
 
-@pytest.mark.parametrize("proxy_kind", ["FramedProxy", "ManagedProxy"])
+@pytest.mark.parametrize("proxy_kind", ["SessionProxy", "ManagedProxy"])
 def test_blank_lines_and_empty_arrays_are_answered_with_nothing_as_redis_server_does(
         redis, proxy_kind):
     """Before: each got `-ERR tcp-proxy: an empty request`, a reply redis-server never
@@ -359,7 +362,7 @@ def test_a_long_reply_read_in_small_pieces_is_parsed_once_line_by_line():
 def test_a_long_lrange_through_the_pool_is_framed_in_one_pass_within_a_ceiling(
         redis, control, proxy_kind):
     """ManagedProxy's reader once parsed each reply from byte 0 after every recv(), and took
-    longer than the bound here; the pipeline's reader keeps its place (tcp_proxy.Frames)."""
+    longer than the bound here; the pipeline's reader keeps its place (ground.frames.Frames)."""
     control.command("DEL long")
     for _ in range(LONG_LIST // 1000):
         control.command("RPUSH long " + " ".join(["vvvv"] * 1000))
@@ -397,7 +400,7 @@ class ScriptedByRequest(Server):
                          ids=["a-map-to-get", "bad-length", "streamed"])
 def test_a_reply_resp_cannot_frame_costs_an_error_and_its_connection_and_the_rest_are_served(bad):
     with ScriptedByRequest({b"GET bad": bad, b"GET good": b"$4\r\nfine\r\n"}) as upstream, \
-            FramedProxy(upstream.addr, framing=RESP) as proxy, \
+            SessionProxy(upstream.addr, framing=RESP) as proxy, \
             socket.create_connection(proxy.addr, timeout=10) as client:
         reader = reader_of(client)
         client.sendall(b"GET bad\r\nGET good\r\n")
@@ -431,7 +434,7 @@ class Trickle(Server):
 @pytest.mark.slow
 def test_a_trickling_reply_errs_at_the_exchange_deadline_and_a_waiting_borrower_at_checkout():
     with Trickle(interval=0.025) as upstream, \
-            FramedProxy(upstream.addr, framing=RESP, reply_timeout=0.5, exchange_timeout=1.0,
+            SessionProxy(upstream.addr, framing=RESP, reply_timeout=0.5, exchange_timeout=1.0,
                         checkout_timeout=0.25) as proxy, \
             socket.create_connection(proxy.addr, timeout=10) as first, \
             socket.create_connection(proxy.addr, timeout=10) as second:
@@ -450,7 +453,7 @@ def test_a_trickling_reply_errs_at_the_exchange_deadline_and_a_waiting_borrower_
 
 
 def test_the_defaults_bound_each_silence_the_whole_reply_and_the_wait_for_a_connection():
-    with FramedProxy(("127.0.0.1", 9)) as proxy:
+    with SessionProxy(("127.0.0.1", 9), framing=RESP) as proxy:
         assert (proxy.reply_timeout, proxy.exchange_timeout,
                 proxy.checkout_timeout) == (5.0, 10.0, 5.0)
 
@@ -466,7 +469,7 @@ def test_the_timeout_release_waits_with_poll_so_a_descriptor_past_fd_setsize_wor
     # what is opened next is above 1023
     fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
     try:
-        with FramedProxy(redis.addr, framing=RESP, release="timeout",
+        with SessionProxy(redis.addr, framing=RESP, release="timeout",
                          release_timeout=0.05) as proxy, \
                 socket.create_connection(proxy.addr, timeout=10) as client:
             client.sendall(b"PING\r\n")

@@ -15,7 +15,10 @@ from conftest import ROOT, need_redis
 from part3 import redis_server
 from scaffolding import kit
 from part3.resp import MAX_BULK, RESP, Overlong, Parser, Passed, reply_size
-from tcp_proxy import LINES, FramedProxy, Frames, Head, Piece, Server, read_lines
+from ground.frames import Frames, Head, Piece
+from ground.server import Server
+from tcp_proxy import LINES, read_lines
+from part3.framed import SessionProxy
 
 EXAMPLES = int(os.environ.get("SOAK", "40"))   # `make soak` raises it; the suite stays fast
 
@@ -167,7 +170,7 @@ cuts = st.lists(st.integers(0, 10**6), max_size=12)
 
 
 def frame_dropping(chunks, new_parser):
-    """What FramedProxy does with RESP: Frames over a dropping parser. Returns the messages
+    """What SessionProxy does with RESP: Frames over a dropping parser. Returns the messages
     taken and the most bytes Frames held unread at once."""
     frames, taken, held = Frames(new_parser), [], 0
     for chunk in chunks:
@@ -297,7 +300,7 @@ def test_a_dropping_parser_reads_a_long_reply_in_pieces_once_and_keeps_its_bound
 # --- a message too long to keep, passed on in pieces as it arrives -------------------------------
 
 def frame_passing(chunks, new_parser):
-    """What FramedProxy does with RESP: Frames over a passing parser. Returns each message as
+    """What SessionProxy does with RESP: Frames over a passing parser. Returns each message as
     it was handed on (a whole one, or the pieces of a long one joined, with its Passed end) and
     the most bytes Frames held unread at once."""
     frames, messages, pieces, held = Frames(new_parser), [], None, 0
@@ -466,7 +469,7 @@ def test_demo_part3_without_redis_prints_one_line_on_how_to_install_it_and_exits
     assert "apt-get install redis-server" in redis_server.INSTALL_HINT
 
 
-# --- resp.RESP inside the pool: FramedProxy(framing=resp.RESP) -----------------------------------
+# --- resp.RESP inside the pool: SessionProxy(framing=resp.RESP) -----------------------------------
 
 class ScriptedRedis(Server):
     """A fake Redis: the reply to each request line is the next of `replies`, each written
@@ -509,7 +512,7 @@ def test_the_resp_pool_waits_through_a_reply_cut_after_its_length_line_and_insid
         [b"*2\r\n$3\r\none\r\n", b"*1\r\n:7", b"\r\n"]]
     # the noqa below, F811: the hook above reads proxy
     with ScriptedRedis(cut_replies, until_the_pool_went_back_for_more) as upstream, \
-            FramedProxy(upstream.addr, framing=RESP) as proxy:   # noqa: F811
+            SessionProxy(upstream.addr, framing=RESP) as proxy:   # noqa: F811
         replies = ask_through(proxy, [b"GET a\r\n", b"LRANGE l 0 -1\r\n"])
         assert replies == [b"$5\r\nhello\r\n", b"*2\r\n$3\r\none\r\n*1\r\n:7\r\n"]
         assert (proxy.opened, proxy.released, proxy.dirty, proxy.partial_replies) == (1, 2, 0, 3)
@@ -517,12 +520,12 @@ def test_the_resp_pool_waits_through_a_reply_cut_after_its_length_line_and_insid
 
 def test_the_resp_pool_closes_a_connection_with_bytes_past_a_reply_and_refuses_a_wrong_type_reply():
     with ScriptedRedis([[b"$5\r\nhello\r\n+EXTRA\r\n"], [b"+OK\r\n"]]) as upstream, \
-            FramedProxy(upstream.addr, framing=RESP) as proxy:
+            SessionProxy(upstream.addr, framing=RESP) as proxy:
         first = ask_through(proxy, [b"GET a\r\n"])
         assert first == [b"$5\r\nhello\r\n"]   # the reply stands; the connection does not
         assert (proxy.opened, proxy.dirty) == (1, 1)
     with ScriptedRedis([[b"+OK\r\n"]]) as upstream, \
-            FramedProxy(upstream.addr, framing=RESP) as proxy:
+            SessionProxy(upstream.addr, framing=RESP) as proxy:
         with socket.create_connection(proxy.addr, timeout=10) as sock:
             sock.sendall(b"GET a\r\n")
             reply = next(read_lines(sock))
@@ -546,7 +549,7 @@ def test_a_reply_longer_than_the_pool_keeps_costs_its_client_an_error_and_the_co
             control.command("RPUSH long " + " ".join(["vvvv"] * 10_000))
         control.command("SET short fine")
         control.close()
-        with FramedProxy(redis.addr, framing=RESP, pool_cap=1) as proxy:
+        with SessionProxy(redis.addr, framing=RESP, pool_cap=1) as proxy:
             replies = ask_through(proxy, [b"LRANGE long 0 -1\r\n", b"GET short\r\n"])
             assert replies == [b"-ERR upstream: a reply of 1200009 bytes is too long to pass on: "
                                b"longer than the 1048576 a pool keeps, so it was read to its end "

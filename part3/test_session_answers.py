@@ -8,7 +8,7 @@ import pytest
 from part2.managed import ManagedProxy
 from part3.conftest import Client, array, direct_and_pooled
 from part3.resp import RESP, Resp
-from tcp_proxy import FramedProxy
+from part3.framed import SessionProxy
 
 
 # --- what the pool answers itself, as redis-server would -------------------------------------
@@ -21,7 +21,7 @@ HELLOS = ["HELLO", "HELLO 2", "HELLO 3", "HELLO 4", "HELLO 1", "HELLO x", "HELLO
 @pytest.mark.parametrize("hello", HELLOS, ids=repr)
 def test_the_pool_answers_hello_as_redis_server_does_its_version_included(redis, control, hello):
     """Each HELLO, then what it set: the protocol (a map or a flat array) and the name."""
-    with FramedProxy(redis.addr, framing=RESP) as proxy:
+    with SessionProxy(redis.addr, framing=RESP) as proxy:
         direct, pooled = direct_and_pooled(redis, control, proxy, [hello, "CLIENT GETNAME"])
     assert pooled == direct
 
@@ -31,13 +31,13 @@ def test_select_and_the_client_commands_are_answered_from_the_session_as_redis_s
     asked = ["SELECT 1", "SELECT 16", "SELECT -1", "SELECT x", "SELECT", "CLIENT SETNAME me",
              array("CLIENT", "SETNAME", "a b"), "CLIENT GETNAME", "CLIENT SETNAME", "AUTH x",
              "AUTH default x", "AUTH someone x", "AUTH a b c"]
-    with FramedProxy(redis.addr, framing=RESP) as proxy:
+    with SessionProxy(redis.addr, framing=RESP) as proxy:
         direct, pooled = direct_and_pooled(redis, control, proxy, asked)
     assert pooled == direct
 
 
 def test_client_id_is_the_pools_number_for_the_client_and_hello_says_the_same(redis, clients):
-    with FramedProxy(redis.addr, framing=RESP) as proxy:
+    with SessionProxy(redis.addr, framing=RESP) as proxy:
         first, second = clients(proxy.addr, 2)
         hello = first.ask("HELLO 3")[0]
         assert first.ask("CLIENT ID") == [b":%s\r\n" % re.search(rb"id\r\n:(\d+)", hello)[1]]
@@ -46,7 +46,7 @@ def test_client_id_is_the_pools_number_for_the_client_and_hello_says_the_same(re
 
 def test_client_setinfo_which_redis_7_0_does_not_know_is_answered_ok_as_redis_py_sends_it(
         redis, control, clients):
-    with FramedProxy(redis.addr, framing=RESP) as proxy:
+    with SessionProxy(redis.addr, framing=RESP) as proxy:
         client = clients(proxy.addr)
         assert client.ask("CLIENT SETINFO LIB-NAME redis-py", "CLIENT SETINFO LIB-VER 8.1.0",
                           "CLIENT SETINFO COLOR red") == \
@@ -59,7 +59,7 @@ def test_client_setinfo_which_redis_7_0_does_not_know_is_answered_ok_as_redis_py
 def test_a_pool_with_a_password_answers_noauth_until_its_clients_auth_and_auth_is_its_own(
         redis, control, clients):
     control.command("CONFIG RESETSTAT")
-    with FramedProxy(redis.addr, framing=Resp(password="s3cret")) as proxy:
+    with SessionProxy(redis.addr, framing=Resp(password="s3cret")) as proxy:
         client = clients(proxy.addr)
         assert client.ask("GET k", "HELLO 3", "AUTH wrong", "AUTH s3cret", "GET k") == [
             b"-NOAUTH Authentication required.\r\n",
@@ -92,7 +92,7 @@ def test_the_pool_authenticates_upstream_with_credentials_of_its_own_never_a_cli
     import redis as redis_py
     server, control = guarded
     framing = Resp(password="client-secret", upstream_password="upstream-secret")
-    with FramedProxy(server.addr, framing=framing, pool_cap=2) as proxy:
+    with SessionProxy(server.addr, framing=framing, pool_cap=2) as proxy:
         client = redis_py.Redis(port=proxy.addr[1], password="client-secret", socket_timeout=10)
         try:
             assert client.set("k", "v") is True and client.get("k") == b"v"
@@ -113,7 +113,7 @@ def test_the_pool_authenticates_upstream_with_credentials_of_its_own_never_a_cli
 
 def test_without_its_own_credentials_the_pool_passes_on_the_servers_noauth(guarded, clients):
     server, _ = guarded
-    with FramedProxy(server.addr, framing=RESP) as proxy:
+    with SessionProxy(server.addr, framing=RESP) as proxy:
         assert clients(proxy.addr).ask("GET k")[0].startswith(b"-NOAUTH")
 
 
@@ -123,7 +123,7 @@ def test_a_sync_the_server_refuses_costs_the_request_an_error_and_the_connection
     after a HELLO 3 it refuses, so the request is answered with an error, not the server's
     NOAUTH to a connection in the wrong protocol, and that connection is never lent again."""
     server, _ = guarded
-    with FramedProxy(server.addr, framing=RESP) as proxy:
+    with SessionProxy(server.addr, framing=RESP) as proxy:
         client = clients(proxy.addr)
         assert client.ask("HELLO 3")[0].startswith(b"%7\r\n")
         assert client.ask("GET k") == [b"-ERR upstream: the connection could not take the "

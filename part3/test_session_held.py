@@ -5,7 +5,6 @@ import time
 
 import pytest
 
-from part3 import lending
 from part3.conftest import POOL_KINDS, Client, make_pool, server_clients, wait_for
 from part3.resp import RESP, Resp
 
@@ -21,7 +20,7 @@ def test_a_transaction_is_queued_on_the_clients_own_connection_while_others_run_
             [b"+OK\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n"]
         assert outside.ask("INCR n") == [b":1\r\n"]   # not queued: it runs now, on the other
         assert inside.ask("EXEC") == [b"*2\r\n:2\r\n:3\r\n"]
-        if pool_kind == "FramedProxy":   # its pool's counters
+        if pool_kind == "SessionProxy":   # its pool's counters
             assert (proxy.opened, proxy.discarded) == (2, 0)   # the held one checked in at EXEC
 
 
@@ -36,7 +35,7 @@ def test_a_watched_key_another_client_changes_aborts_the_exec_and_unwatch_lets_g
             [b"+OK\r\n", b"+QUEUED\r\n", b"*-1\r\n"]
         assert watcher.ask("WATCH k", "UNWATCH", "GET k") == [b"+OK\r\n", b"+OK\r\n",
                                                             b"$6\r\ntheirs\r\n"]
-        if pool_kind == "FramedProxy":   # its pool's counters
+        if pool_kind == "SessionProxy":   # its pool's counters
             assert (proxy.opened, proxy.discarded) == (2, 0)
 
 
@@ -49,7 +48,7 @@ def test_a_client_that_leaves_mid_transaction_has_its_connection_closed_never_le
         leaver.close()
         wait_for(lambda: not server_clients(control), "its connection closed")
         assert clients(proxy.addr).ask("SET k next", "GET k") == [b"+OK\r\n", b"$4\r\nnext\r\n"]
-        if pool_kind == "FramedProxy":   # its pool's counters
+        if pool_kind == "SessionProxy":   # its pool's counters
             assert proxy.opened == 2
     assert server_clients(control) == []
 
@@ -64,7 +63,7 @@ def test_a_request_the_pool_refuses_inside_multi_dooms_the_transaction_and_nothi
         assert replies[2].startswith(b"-ERR tcp-proxy: SELECT is the pool's to answer")
         assert replies[3:] == [b"-EXECABORT Transaction discarded because of previous errors.\r\n",
                                b"$-1\r\n"]
-        if pool_kind == "FramedProxy":   # its pool's counters
+        if pool_kind == "SessionProxy":   # its pool's counters
             assert (proxy.opened, proxy.discarded) == (2, 1)   # the doomed one closed
 
 
@@ -80,8 +79,8 @@ def test_a_subscribe_inside_a_transaction_dooms_it_and_after_watch_is_refused_un
         assert replies[1].startswith(b"-ERR tcp-proxy: SUBSCRIBE inside a transaction")
         assert replies[2].startswith(b"-EXECABORT")
         assert replies[4].startswith(b"-ERR tcp-proxy: SUBSCRIBE while WATCH holds the connection")
-        streams = 0 if pool_kind == "FramedProxy" else 2   # ManagedProxy's: each transaction's
-        assert lending.lender_of(proxy).dedicated == streams   # own connection; no stream's
+        streams = 0 if pool_kind == "SessionProxy" else 2   # ManagedProxy's: each transaction's
+        assert proxy.lending.dedicated == streams   # own connection; no stream's
 
 
 @pytest.mark.parametrize("pool_kind", POOL_KINDS)
@@ -91,7 +90,7 @@ def test_reset_ends_a_transaction_by_closing_its_connection_and_the_session_star
         client = clients(proxy.addr)
         assert client.ask("HELLO 3", "SELECT 3", "MULTI", "SET k 1", "RESET", "GET k")[2:] == \
             [b"+OK\r\n", b"+QUEUED\r\n", b"+RESET\r\n", b"$-1\r\n"]   # RESP2 and db 0 again
-        if pool_kind == "FramedProxy":   # its pool's counters
+        if pool_kind == "SessionProxy":   # its pool's counters
             assert proxy.discarded == 1
     assert control.command("SELECT 3") == b"+OK\r\n" and control.command("GET k") == b"$-1\r\n"
 
@@ -108,8 +107,8 @@ def test_a_blocking_command_waits_on_a_connection_of_its_own_while_the_pool_serv
         wait_for(lambda: any(" cmd=blpop " in c for c in server_clients(control)), "the wait")
         assert other.ask("RPUSH q job") == [b":1\r\n"]
         assert waiter.read() == b"*2\r\n$1\r\nq\r\n$3\r\njob\r\n"
-        if pool_kind == "FramedProxy":   # its pool's counters
-            assert (proxy.opened, lending.lender_of(proxy).dedicated) == (2, 1)
+        if pool_kind == "SessionProxy":   # its pool's counters
+            assert (proxy.opened, proxy.lending.dedicated) == (2, 1)
         wait_for(lambda: len(server_clients(control)) == 1, "its own connection closed")
 
 
@@ -167,8 +166,8 @@ def test_a_subscription_streams_on_its_own_connection_until_its_last_unsubscribe
                                        b"this context\r\n"]
         assert client.ask("UNSUBSCRIBE", "GET k") == [
             b"*3\r\n$11\r\nunsubscribe\r\n$1\r\nb\r\n:0\r\n", b"$-1\r\n"]   # pooled again
-        if pool_kind == "FramedProxy":   # its pool's counters
-            assert lending.lender_of(proxy).own == 0 and proxy.opened == 2
+        if pool_kind == "SessionProxy":   # its pool's counters
+            assert proxy.lending.own == 0 and proxy.opened == 2
         wait_for(lambda: len(server_clients(control)) == 1, "the stream's connection closed")
 
 
@@ -207,7 +206,7 @@ def test_reset_and_quit_end_a_stream_and_unsubscribe_outside_one_is_answered_as_
         wait_for(lambda: not any(re.search(r" sub=[1-9]", line)
                                  for line in server_clients(control)),
                  "every stream's connection closed")
-        wait_for(lambda: lending.lender_of(proxy).own == 0, "the lender's count of them")
+        wait_for(lambda: proxy.lending.own == 0, "the lender's count of them")
 
 
 @pytest.mark.parametrize("pool_kind", POOL_KINDS)

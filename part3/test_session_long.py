@@ -8,7 +8,10 @@ from part2.connection import READ_SIZE, WINDOW
 from part2.managed import ManagedProxy
 from part3.conftest import Client, array, lost, make_pool, wait_for
 from part3.resp import RESP
-from tcp_proxy import FramedProxy, Frames, PassthroughProxy, Server, shutdown
+from ground.frames import Frames
+from ground.server import Server, shutdown
+from tcp_proxy import PassthroughProxy
+from part3.framed import SessionProxy
 
 
 # --- a value longer than the pool keeps, passed on as it arrives ---------------------------------
@@ -60,7 +63,7 @@ def test_a_value_many_windows_long_goes_through_the_pool_and_back_in_bounded_mem
             wrong += data != ruler[read % 256:read % 256 + len(data)]
             read += len(data)
         assert sock.recv(2) == b"\r\n"
-        if pool_kind == "FramedProxy":
+        if pool_kind == "SessionProxy":
             proxy.wait_released(2)   # the GET's connection, checked in once its reply has passed
             assert (proxy.released, proxy.dirty) == (2, 0)
         grown = peak() - before
@@ -73,7 +76,7 @@ def test_a_long_reply_whose_first_bytes_cannot_answer_the_request_reaches_no_one
     """An INCR answered with a bulk string longer than the pool keeps: out of step at its
     first bytes, before any of it is passed on."""
     scripted = ScriptedLong(b"$%d\r\n" % (2 << 20) + b"x" * (2 << 20) + b"\r\n")
-    with scripted, FramedProxy(scripted.addr, framing=RESP) as proxy:
+    with scripted, SessionProxy(scripted.addr, framing=RESP) as proxy:
         client = clients(proxy.addr)
         assert client.ask("INCR n") == [b"-ERR upstream: out of step: a long reply that does not "
                                         b"answer b'*2\\r\\n$4\\r\\nINCR\\r\\n$1\\r\\nn\\r\\n'\r\n"]
@@ -97,7 +100,7 @@ class ScriptedLong(Server):
 
 def test_a_client_that_leaves_in_the_middle_of_a_long_request_costs_its_connection_alone(
         redis, control, clients):
-    with FramedProxy(redis.addr, framing=RESP, pool_cap=1) as proxy:
+    with SessionProxy(redis.addr, framing=RESP, pool_cap=1) as proxy:
         leaver = clients(proxy.addr)
         half = b"*3\r\n$3\r\nSET\r\n$4\r\nhalf\r\n$%d\r\n" % (4 << 20) + b"h" * (2 << 20)
         leaver.sock.sendall(half)

@@ -1,15 +1,14 @@
 """A checkout is a state sync: the state each client keeps (its protocol, database, flags,
-name) brought to the connection its requests go on, in FramedProxy's checkout and in
+name) brought to the connection its requests go on, in SessionProxy's checkout and in
 ManagedProxy's shared pipeline; clients of different states never see each other's keys."""
 import re
 
 import pytest
 
 from part2.managed import ManagedProxy
-from part3 import lending
 from part3.conftest import POOL_KINDS, make_pool, server_clients, wait_for
 from part3.resp import RESP, Resp
-from tcp_proxy import FramedProxy
+from part3.framed import SessionProxy
 
 
 # --- a checkout is a state sync -------------------------------------------------------------
@@ -18,7 +17,7 @@ from tcp_proxy import FramedProxy
 def test_a_checkout_brings_the_one_connection_to_each_clients_protocol_and_database(
         redis, control, clients, pool_kind):
     """Three clients, three states, one connection: each request goes on it after the HELLO
-    and SELECT that bring it to its client's state, in the same write (FramedProxy's
+    and SELECT that bring it to its client's state, in the same write (SessionProxy's
     checkout; ManagedProxy's pipeline, which keeps the state its queue leaves the connection
     in, on the one connection every client shares)."""
     control.command("CONFIG RESETSTAT")
@@ -32,7 +31,7 @@ def test_a_checkout_brings_the_one_connection_to_each_clients_protocol_and_datab
             assert db2.ask("HSET h f two", "HGETALL h")[1] == b"*2\r\n$1\r\nf\r\n$3\r\ntwo\r\n"
             assert plain.ask("HGETALL h") == [b"*2\r\n$1\r\nf\r\n$5\r\nthree\r\n"]
         assert len(server_clients(control)) == 1
-        if pool_kind == "FramedProxy":   # its pool's counter
+        if pool_kind == "SessionProxy":   # its pool's counter
             assert proxy.opened == 1
     stats = control.command("INFO commandstats").decode()
     assert re.search(r"cmdstat_hello:calls=(\d+)", stats)[1] == "5"    # facts() once, 4 syncs
@@ -41,7 +40,7 @@ def test_a_checkout_brings_the_one_connection_to_each_clients_protocol_and_datab
 
 def test_client_no_evict_is_replayed_as_select_is_and_client_reply_on_changes_nothing(
         redis, control, clients):
-    with FramedProxy(redis.addr, framing=RESP, pool_cap=1) as proxy:
+    with SessionProxy(redis.addr, framing=RESP, pool_cap=1) as proxy:
         protected, other = clients(proxy.addr, 2)
         assert protected.ask("CLIENT NO-EVICT on", "CLIENT REPLY ON") == [b"+OK\r\n"] * 2
         for _ in range(2):   # the one connection, brought to each client's flags in turn
@@ -54,7 +53,7 @@ def test_client_no_evict_is_replayed_as_select_is_and_client_reply_on_changes_no
 
 def test_two_clients_in_different_databases_overlapping_transactions_and_a_subscriber_see_their_own(
         redis, control, clients):
-    with FramedProxy(redis.addr, framing=RESP, pool_cap=2) as proxy:
+    with SessionProxy(redis.addr, framing=RESP, pool_cap=2) as proxy:
         one, two, listener = clients(proxy.addr, 3)
         assert one.ask("HELLO 3", "SELECT 1", "MULTI", "SET k one")[1:] == \
             [b"+OK\r\n", b"+OK\r\n", b"+QUEUED\r\n"]
@@ -78,7 +77,7 @@ def test_a_managed_transaction_goes_on_a_connection_of_its_own_closed_at_exec(
         assert outside.ask("INCR n") == [b":1\r\n"]   # not queued: it runs now, on the shared one
         assert inside.ask("EXEC") == [b"*2\r\n:2\r\n:3\r\n"]
         wait_for(lambda: len(server_clients(control)) == 1, "the transaction's own one closed")
-        assert lending.lender_of(proxy).dedicated == 1
+        assert proxy.lending.dedicated == 1
 
 
 def test_a_managed_client_that_leaves_mid_transaction_has_its_own_connection_closed(

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from part3.tagged import (CallTimeout, ConnectionBroken, TaggedClient, TaggedUpstream, parse_tagged)
-from tcp_proxy import Server, answer, read_lines
+from ground.server import Server
+from tcp_proxy import answer, read_lines
 
 EXAMPLES = int(os.environ.get("SOAK", "25"))   # `make soak` raises it; the suite stays fast
 

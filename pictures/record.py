@@ -14,6 +14,7 @@ from unittest import mock
 
 import demo
 from part2 import managed
+from part3.framed import SessionProxy
 from part3 import lending, part3_demo, tagged
 from scaffolding import faults, kit
 from tcp_proxy import FramedProxy, NaiveProxy, Upstream
@@ -75,7 +76,8 @@ class Recorder(contextlib.ExitStack):
         self.tap(kit.Client, "__init__",
                  after=lambda _, client, name, *a, **o: self.names.__setitem__(
                      client.sock.getsockname(), name))
-        self.tap(FramedProxy, "handle", before=lambda proxy, conn: self.note(conn=conn))
+        for pool in (FramedProxy, SessionProxy):   # Part three's overrides handle()
+            self.tap(pool, "handle", before=lambda proxy, conn: self.note(conn=conn))
         self.tap(FramedProxy, "exchange", before=lambda proxy, request: self.note(
             client=self.peer(self.thread.conn), request=request))
         self.tap(lending.Lending, "exchange", before=lambda lender, session, request, *rest:
@@ -212,9 +214,10 @@ def record_part3():
 
     events, printed = {}, ""
     with Recorder() as r:
-        r.tap(FramedProxy, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
-            r.thread.client, r.thread.conn.getpeername(), r.thread.request, sock.getsockname(),
-            *result)))
+        for pool in (FramedProxy, SessionProxy):   # the line pool's, and the RESP pool's own
+            r.tap(pool, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
+                r.thread.client, r.thread.conn.getpeername(), r.thread.request,
+                sock.getsockname(), *result)))
         r.tap(tagged.TaggedClient, "__init__",
               after=lambda _, client, *a, **o: r.listen(client, heard))
         r.tap(tagged.TaggedClient, "call",

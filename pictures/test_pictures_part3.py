@@ -13,6 +13,7 @@ import pytest
 from pictures import draw_part3 as pictures_part3
 from pictures import draw_wild
 from pictures.record import Got, RedisRead, Returned, TaggedSent, Waited, record_part3
+from part3.framed import SessionProxy
 from part3 import resp, tagged
 from part3.wild import incident
 from conftest import ROOT, need_redis, need_wild_venvs, transcript_section
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.xdist_group("test_pictures_part3")
 
 HERE = ROOT
 TAPPED = [(FramedProxy, "handle"), (FramedProxy, "exchange"), (FramedProxy, "read_reply"),
+          (SessionProxy, "handle"), (SessionProxy, "read_reply"),
           (tagged.TaggedClient, "__init__"), (tagged.TaggedClient, "call"),
           (tagged.TaggedClient, "on_event"),
           (tagged.TaggedUpstream, "wait_until")]

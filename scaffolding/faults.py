@@ -11,7 +11,9 @@ purpose, so that a scenario can show what the lesson's checks prevent.
 import collections
 import threading
 
-from tcp_proxy import LINES, MAX_LINE, FramedProxy, Upstream, shutdown
+from ground.frames import MAX_LINE
+from ground.server import shutdown
+from tcp_proxy import LINES, FramedProxy, Upstream
 
 
 class TrustingPool(FramedProxy):
@@ -23,12 +25,11 @@ class TrustingPool(FramedProxy):
         super().__init__(upstream_addr, pool_cap=pool_cap, framing=framing)
         self.leftovers = {}   # upstream socket -> bytes read past its last reply
 
-    def read_reply(self, sock, buffer=b"", passing=None):
-        reply, self.leftovers[sock] = super().read_reply(sock, self.leftovers.get(sock, b""),
-                                                         passing)
+    def read_reply(self, sock, buffer=b""):
+        reply, self.leftovers[sock] = super().read_reply(sock, self.leftovers.get(sock, b""))
         return reply, b""
 
-    def in_step(self, request, reply, rest, fits=None):
+    def in_step(self, request, reply, rest):
         return True
 
     def quiet(self, sock):

@@ -13,7 +13,8 @@ formats what they received; nothing in it decides anything a proxy does.
 import socket
 import threading
 
-from tcp_proxy import Hooks, answer
+from ground.server import Hooks
+from tcp_proxy import answer
 
 CLIENT_NAMES = "ABCDEFGH"
 KEY_WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]

@@ -120,10 +120,10 @@ def apply(exercise, directory):
     if changed.startswith(WHY):
         return changed.removeprefix(WHY)
     module.write_text(changed, encoding="utf-8")
-    hooks = directory / "tcp_proxy.py"
+    hooks = directory / "ground" / "server.py"
     shortened, replaced = HOOK_TIMEOUT.subn(r"\g<1>" + SHORT_HOOK_TIMEOUT, hooks.read_text())
     if replaced != 1:
-        return "tcp_proxy.py no longer sets hook_timeout on a line of its own"
+        return "ground/server.py no longer sets hook_timeout on a line of its own"
     hooks.write_text(shortened)
     return None
 

@@ -33,7 +33,9 @@ import pytest
 
 import demo
 from scaffolding import kit
-from tcp_proxy import MAX_LINE, FramedProxy, Hooks, Server, answer
+from ground.frames import MAX_LINE
+from ground.server import Hooks, Server
+from tcp_proxy import answer, FramedProxy
 
 from tests.prose import (COMMENTARY, HERE, MODULE, blocks_of, contiguous_at, fenced_blocks,
                          headings, runs, section, text, transcripts, without_fences)

@@ -4,10 +4,12 @@ holds only the card's files. Imports are read with `ast` (nothing is imported or
 lazy ones inside functions included.
 
 The floors, low to high; a file may import only from its own floor or a lower one:
-    0  tcp_proxy.py, scaffolding/, conftest.py (the suite's leak guard and shared helpers)
-    1  part2/
-    2  part3/ (the incident's room part3/wild/ with it)
-    3  the top: every other file in the root (demo.py, test_tcp_proxy.py), tests/, bench/,
+    0  ground/: what the parts share (the threaded server, the framing loop, the session
+       interface), importing none of them
+    1  tcp_proxy.py, scaffolding/, conftest.py (the suite's leak guard and shared helpers)
+    2  part2/
+    3  part3/ (the incident's room part3/wild/ with it)
+    4  the top: every other file in the root (demo.py, test_tcp_proxy.py), tests/, bench/,
        pictures/
 A test file sits on the floor of the folder it is in, like the modules beside it; so a
 test that needs a higher floor's code lives on that floor (Part two's pool framing RESP is
@@ -25,12 +27,14 @@ from conftest import ROOT
 # parsed, cached per process) is built once.
 pytestmark = pytest.mark.xdist_group("test_house")
 
-LESSON = {"tcp_proxy", "part2.managed", "part2.clock", "part2.cache", "part2.calls", "part2.loop",
+LESSON = {"ground", "ground.frames", "ground.server", "ground.session", "ground.workers",
+          "tcp_proxy", "part2.managed", "part2.clock", "part2.cache", "part2.calls", "part2.loop",
           "part2.pipeline", "part2.connection", "part2.client", "part2.managed_set", "part2.proxy",
           "part2.lease",
-          "part3.resp", "part3.commands", "part3.tagged", "part3.lending"}
-FLOORS = {"tcp_proxy": 0, "conftest": 0, "scaffolding": 0, "part2": 1, "part3": 2}
-TOP_FLOOR = 3
+          "part3.resp", "part3.commands", "part3.tagged", "part3.lending", "part3.framed",
+          "part3.streams"}
+FLOORS = {"ground": 0, "tcp_proxy": 1, "conftest": 1, "scaffolding": 1, "part2": 2, "part3": 3}
+TOP_FLOOR = 4
 TOP_LEVEL = {"tcp_proxy.py", "demo.py", "test_tcp_proxy.py", "COMMENTARY.md", "README.md",
              "Makefile", "conftest.py", "pytest.ini", "ruff.toml", "requirements-test.txt",
              ".gitignore", ".ci"}
@@ -130,11 +134,11 @@ def test_an_upward_import_is_found_even_inside_a_function(tmp_path):
 
 
 def test_the_floors_put_the_lesson_below_its_scaffolding_users_and_the_top_above_all():
-    floors = [floor_of(name) for name in ("tcp_proxy", "conftest", "scaffolding.kit",
-                                          "part2.managed", "part3.resp", "part3.wild", "demo",
-                                          "test_tcp_proxy", "tests.test_house", "bench.machinery",
-                                          "pictures.draw")]
-    assert floors == [0, 0, 0, 1, 2, 2, 3, 3, 3, 3, 3]
+    floors = [floor_of(name) for name in ("ground.server", "tcp_proxy", "conftest",
+                                          "scaffolding.kit", "part2.managed", "part3.resp",
+                                          "part3.wild", "demo", "test_tcp_proxy",
+                                          "tests.test_house", "bench.machinery", "pictures.draw")]
+    assert floors == [0, 1, 1, 1, 2, 3, 3, 4, 4, 4, 4, 4]
 
 
 def test_no_test_module_imports_another():

@@ -25,7 +25,8 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tcp_proxy import FramedProxy, PassthroughProxy, Upstream, answer, recv
+from ground.server import recv
+from tcp_proxy import answer, FramedProxy, PassthroughProxy, Upstream
 
 EXAMPLES = int(os.environ.get("SOAK", "80"))   # in all, over every proxy
 CLIENT_TIMEOUT = 10.0   # a client that waits longer than this has found a hang

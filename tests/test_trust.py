@@ -25,8 +25,10 @@ from part2.managed_demo import ask, in_background
 from part3.tagged import CallTimeout, TaggedClient, TaggedError, TaggedUpstream
 from scaffolding import kit
 from scaffolding.faults import FaultyUpstream
-from tcp_proxy import (LINES, LOG_LINE_MAX, MAX_LINE, FramedProxy, Hooks, NaiveProxy,
-                       PassthroughProxy, Upstream, answer)
+from ground.frames import MAX_LINE
+from ground.server import Hooks
+from tcp_proxy import (FramedProxy, LINES, LOG_LINE_MAX, NaiveProxy, PassthroughProxy, Upstream,
+                       answer)
 
 
 def connect(stack, addr):

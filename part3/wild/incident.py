@@ -10,13 +10,13 @@ that holds every reply to GET until the scenario lets exactly one through.
 Map of the module, in reading order:
 
     words(request)      a request's words: redis-py sends each command as a RESP array
-                        of bulk strings, framed here by tcp_proxy.Frames like a reply
+                        of bulk strings, framed here by Frames like a reply
     Exchange            one request the relay carried, and what became of its reply
                         ("passed", "held", then "let through" or "dropped")
     Conversation        one client connection: its socket, its own redis-server
                         connection, its exchanges
-    HoldingRelay        tcp_proxy.Server: requests parsed and counted; replies framed
-                        by tcp_proxy.Frames; a reply to GET written only when a credit
+    HoldingRelay        Server: requests parsed and counted; replies framed
+                        by Frames; a reply to GET written only when a credit
                         allows it, the oldest first; replies to anything else pass
     Client              what one redis-py client (a task) asked and what it got
     Reading             scaffolding on the client's side: a task waits for bytes
@@ -61,7 +61,9 @@ import sys
 import threading
 from pathlib import Path
 
-import tcp_proxy
+from ground.frames import Frames
+from ground.server import Hooks, Server, recv, shutdown
+from tcp_proxy import more_of_reply
 from part3 import resp
 from part3.redis_server import INSTALL_HINT, RedisServer, redis_available
 
@@ -114,15 +116,15 @@ class Conversation:
         self.gone = False                     # the client has hung up (set by its reader)
 
 
-class HoldingRelay(tcp_proxy.Server):
+class HoldingRelay(Server):
     """Between redis-py and redis-server: every reply to GET is held until a credit.
 
-    One credit lets one whole reply (framed by tcp_proxy.Frames) through, the reply to
+    One credit lets one whole reply (framed by Frames) through, the reply to
     the oldest GET still held whose client has not hung up; a held reply whose client
     has hung up is dropped, and spends no credit. Replies to other commands (the
     CLIENT SETINFO newer redis-py sends on connect) pass at once.
     """
-    counters = {**tcp_proxy.Server.counters, "requests": 0, "gets": 0, "credits": 0,
+    counters = {**Server.counters, "requests": 0, "gets": 0, "credits": 0,
                 "released": 0, "dropped": 0, "ended": 0}
     # requests  requests parsed, any command; bumped by the client's reader once sent on
     # gets      GET requests among them; bumped with requests; the scenario waits on it
@@ -159,14 +161,14 @@ class HoldingRelay(tcp_proxy.Server):
                 conversation.gone = True
                 for exchange in [e for e in self.held if e.connection is conversation]:
                     self._drop(exchange)
-            tcp_proxy.shutdown(conversation.upstream, socket.SHUT_WR)   # redis-server then hangs up
+            shutdown(conversation.upstream, socket.SHUT_WR)   # redis-server then hangs up
             replies.join()
             self.forget(conversation.upstream)
 
     def _requests(self, conversation):
         """Parse the client's requests (RESP arrays) and send each on, whole."""
-        frames = tcp_proxy.Frames(resp.RESP.reply_parser)   # an array frames like a reply
-        while data := tcp_proxy.recv(conversation.client):
+        frames = Frames(resp.RESP.reply_parser)   # an array frames like a reply
+        while data := recv(conversation.client):
             frames.feed(data)
             while (request := frames.take()) is not None:
                 exchange = Exchange(conversation, words(request))
@@ -182,8 +184,8 @@ class HoldingRelay(tcp_proxy.Server):
 
     def _replies(self, conversation):
         """Frame redis-server's replies; write each when its turn comes."""
-        frames = tcp_proxy.Frames(resp.RESP.reply_parser)
-        while data := tcp_proxy.recv(conversation.upstream):
+        frames = Frames(resp.RESP.reply_parser)
+        while data := recv(conversation.upstream):
             frames.feed(data)
             while (reply := frames.take()) is not None:
                 with self._changed:
@@ -390,12 +392,12 @@ def version():
 
 def store(addr):
     """SET each key to value-of-<key>, on a connection of the scenario's own."""
-    with socket.create_connection(addr, timeout=tcp_proxy.Hooks.hook_timeout) as sock:
-        frames = tcp_proxy.Frames(resp.RESP.reply_parser)
+    with socket.create_connection(addr, timeout=Hooks.hook_timeout) as sock:
+        frames = Frames(resp.RESP.reply_parser)
         for key in KEYS:
             sock.sendall(f"SET {key} value-of-{key}\r\n".encode())
             while (reply := frames.take()) is None:
-                frames.feed(tcp_proxy.more_of_reply(sock))
+                frames.feed(more_of_reply(sock))
             assert reply == b"+OK\r\n", reply
 
 
