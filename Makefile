@@ -137,7 +137,8 @@ bench-tools:
 
 # The randomized proof at 10,000 examples instead of the suite's 80 (minutes, not seconds).
 soak: $(VENV_PYTHON)
-	SOAK=10000 $(VENV_PYTHON) -m pytest -q tests/test_properties.py part3/test_resp.py part3/test_real_clients.py part3/test_tagged.py
+	SOAK=10000 $(VENV_PYTHON) -m pytest -q tests/test_properties.py part3/test_resp.py part3/test_real_clients.py part3/test_tagged.py \
+	  part3/test_differential.py
 
 clean:
 	rm -rf $(VENV) .venv-redis-* .venv-wild-table .demo-hashes .managed-hashes .part3-hashes .wild-hashes .pytest_cache .hypothesis .ruff_cache
