@@ -27,7 +27,7 @@ class Head(Piece):
 
 class Passed(bytes):
     """The end of a message handed on in pieces: no bytes of its own (they went before it);
-    a framing's own kind says more (resp.Passed: its size and first bytes)."""
+    a framing's own kind says more (part3/parser.py's Passed: its size and first bytes)."""
 
 
 class Frames:
@@ -39,7 +39,7 @@ class Frames:
     parser (new_parser() makes one: a size(buffer) that keeps its place) reads each
     byte once, however the reads cut the message. No socket: Part one's threads feed
     it from recv(), Part two's event loop from its turn. A parser with a message()
-    makes the message from the bytes kept of it: resp.Parser(overlong="drop") reads one
+    makes the message from the bytes kept of it: part3/parser.py's Parser(overlong="drop") reads one
     too long to keep to its end, deleting from the buffer what it will not read again,
     and gives the error that answers it, so the bytes kept stay bounded. A parser that
     is `fresh` (it reads a message whole in one pass, keeping nothing) has ends(buffer),

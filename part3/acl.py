@@ -31,7 +31,8 @@ import sys
 
 from part3 import commands
 from part3.redis_server import read_resp
-from part3.resp import Resp, array, decode, words
+from part3.resp import Resp
+from part3.words import array, decode, words
 
 USER = b"tcp-proxy"   # the name of the user the pool makes, or the operator installs
 CONNECT_TIMEOUT = 5.0   # seconds the start-up probe may take, connect and replies

@@ -22,11 +22,11 @@ what the pool does with it (its action):
 A kind marked policy=True (MONITOR's) is refused by default too, and once allowed by name
 has its own action, not FORWARD's.
 
-What a pool does for REPLAY, ANSWER, PIN and DEDICATE is its session's (resp.RedisSession):
-a pool that keeps state for its clients (FramedProxy, ManagedProxy) replays SELECT, answers
-the session's commands itself, pins a transaction's connection and dedicates one to a wait or
-a stream; a session given no pool refuses each, naming its rule, and a refused MULTI refuses
-its transaction whole. The table reads them as redis-server does:
+What a pool does for REPLAY, ANSWER, PIN and DEDICATE is its session's (RedisSession, in
+part3/session.py): a pool that keeps state for its clients (SessionProxy, ManagedProxy)
+replays SELECT, answers the session's commands itself, pins a transaction's connection and
+dedicates one to a wait or a stream; a session given no lender refuses each, naming its rule,
+and a refused MULTI refuses its transaction whole. The table reads them as redis-server does:
 lookup() finds a subcommand only under its container, as redis-server's command lookup
 does, and kind_of() reads the arguments that change a command's kind (XREAD's and
 XREADGROUP's BLOCK, wherever redis-server's own parse of their options finds it).

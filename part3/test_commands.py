@@ -19,7 +19,9 @@ from hypothesis import given, settings, strategies as st
 from part2.managed import ManagedProxy
 from part3 import acl, commands, conftest
 from part3.conftest import array
-from part3.resp import RESP, Overlong, Resp, words
+from part3.parser import Overlong
+from part3.resp import RESP, Resp
+from part3.words import words
 from part3 import redis_server
 from part3.framed import SessionProxy
 

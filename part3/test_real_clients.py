@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import need_redis
 from part3.conftest import REDIS_PROXIES, redis_py_client
-from part3 import resp
+from part3 import parser, words
 from part3.resp import RESP
 from part3 import redis_server
 from part2.pipeline import ClientStream, hand_out
@@ -78,7 +78,7 @@ def test_request_size_by_hand(buffer, size):
     b"*2000000\r\n",                        # longer than max_request: it could never be buffered
     # each part fits; the whole would not
     b"*2\r\n$600000\r\n" + b"x" * 600000 + b"\r\n$600000\r\n",
-    b"G" * (resp.MAX_INLINE + 1),
+    b"G" * (parser.MAX_INLINE + 1),
 ])
 def test_a_malformed_request_is_a_value_error(buffer):
     with pytest.raises(ValueError):
@@ -101,7 +101,7 @@ def test_pipelined_arrays_cut_anywhere_are_framed_back_one_by_one_as_sent(reques
             del buffer[:length]
             size = RESP.request_parser()
     assert framed == sent and buffer == b""
-    assert [resp.words(request) for request in framed] == requests
+    assert [words.words(request) for request in framed] == requests
 
 
 def test_line_framing_frames_by_line_and_refuses_a_bare_carriage_return_and_an_overlong_line():
@@ -114,8 +114,8 @@ def test_line_framing_frames_by_line_and_refuses_a_bare_carriage_return_and_an_o
 
 
 def test_words_and_fits_see_the_real_command_not_the_arrays_count():
-    assert resp.words(array("brpoplpush", "a", "b", "0")) == [b"brpoplpush", b"a", b"b", b"0"]
-    assert resp.words(b"  GET\t a  \r\n") == [b"GET", b"a"]
+    assert words.words(array("brpoplpush", "a", "b", "0")) == [b"brpoplpush", b"a", b"b", b"0"]
+    assert words.words(b"  GET\t a  \r\n") == [b"GET", b"a"]
     assert RESP.fits(array("GET", "a"), b"$1\r\nx\r\n")
     # with `*2` as its command, anything fitted
     assert not RESP.fits(array("GET", "a"), b"+PONG\r\n")

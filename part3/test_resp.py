@@ -14,7 +14,8 @@ from hypothesis import given, settings, strategies as st
 from conftest import ROOT, need_redis
 from part3 import redis_server
 from scaffolding import kit
-from part3.resp import MAX_BULK, RESP, Overlong, Parser, Passed, reply_size
+from part3.parser import MAX_BULK, Overlong, Parser, Passed, reply_size
+from part3.resp import RESP
 from ground.frames import Frames, Head, Piece
 from ground.server import Server
 from tcp_proxy import LINES, read_lines

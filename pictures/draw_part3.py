@@ -9,7 +9,7 @@ drawn from the events part3_demo's own scenarios made (pictures/record.py):
                                     untagged twin's byte strip
     part3-late-reply.svg            scenario 7, a late reply dropped by its id, a sequence()
 """
-from part3 import resp, tagged
+from part3 import parser, tagged
 from pictures.record import Got, RedisRead, Returned, TaggedSent, Waited, record_part3
 from pictures.svg import GREEN, RED, borrows, sequence, split, titled
 from scaffolding.kit import CLIENT_NAMES
@@ -23,7 +23,7 @@ def redis_rows(reads):
     replies, end = [], 0
     # past the last reply a read touched: the scheduler's
     while end < len(stream) - len(reads[-1].rest):
-        size = resp.reply_size(stream[end:])
+        size = parser.reply_size(stream[end:])
         replies.append((reads[len(replies)].client, stream[end:end + size]))
         end += size
     rows = []
@@ -31,7 +31,7 @@ def redis_rows(reads):
         others = sorted({owner for owner, _ in took} - {read.client})
         if others:
             verdict = f"WRONG: bytes of {', '.join(others)}'s reply"
-        elif resp.reply_size(read.reply) == len(read.reply):
+        elif parser.reply_size(read.reply) == len(read.reply):
             verdict = "its whole reply"
         else:
             verdict = "cut: only the first line of its reply"
@@ -51,7 +51,7 @@ def draw_redis_line_pool(runs):
     reads = [e for e in runs["resp_pool"] if isinstance(e, RedisRead)]
     # a read that took one whole reply and nothing past it:
     # Redis answering in order, the borrower's own
-    whole = [resp.reply_size(read.reply) == len(read.reply) and not read.rest for read in reads]
+    whole = [parser.reply_size(read.reply) == len(read.reply) and not read.rest for read in reads]
     # the clients that came after A
     crowd = [ok for read, ok in zip(reads, whole) if read.via != reads[0].via]
     svg.text(16, bottom + 18,

@@ -14,7 +14,7 @@ from pictures import draw_part3 as pictures_part3
 from pictures import draw_wild
 from pictures.record import Got, RedisRead, Returned, TaggedSent, Waited, record_part3
 from part3.framed import SessionProxy
-from part3 import resp, tagged
+from part3 import parser, tagged
 from part3.wild import incident
 from conftest import ROOT, need_redis, need_wild_venvs, transcript_section
 from tcp_proxy import FramedProxy
@@ -129,7 +129,7 @@ def test_the_resp_pool_recording_gives_every_client_whole_replies_over_one_conne
     reads = [e for e in run_of(runs)[0]["resp_pool"] if isinstance(e, RedisRead)]
     # the transcript's 24
     assert [len({e.via for e in part}) for part in (reads[:4], reads[4:], reads)] == [1, 8, 9]
-    assert ([resp.reply_size(e.reply) == len(e.reply) and e.rest == b"" for e in reads]
+    assert ([parser.reply_size(e.reply) == len(e.reply) and e.rest == b"" for e in reads]
             == [True] * 28)
     assert len({e.connection for e in reads}) == 1
 

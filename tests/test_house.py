@@ -31,8 +31,8 @@ LESSON = {"ground", "ground.frames", "ground.server", "ground.session", "ground.
           "tcp_proxy", "part2.managed", "part2.clock", "part2.cache", "part2.calls", "part2.loop",
           "part2.pipeline", "part2.connection", "part2.client", "part2.managed_set", "part2.proxy",
           "part2.lease",
-          "part3.resp", "part3.commands", "part3.tagged", "part3.lending", "part3.framed",
-          "part3.streams"}
+          "part3.parser", "part3.words", "part3.resp", "part3.answers", "part3.session",
+          "part3.commands", "part3.tagged", "part3.lending", "part3.framed", "part3.streams"}
 FLOORS = {"ground": 0, "tcp_proxy": 1, "conftest": 1, "scaffolding": 1, "part2": 2, "part3": 3}
 TOP_FLOOR = 4
 TOP_LEVEL = {"tcp_proxy.py", "demo.py", "test_tcp_proxy.py", "COMMENTARY.md", "README.md",
