@@ -18,7 +18,8 @@ NAME_REFUSED = b"-ERR Client names cannot contain spaces, newlines or special ch
 class PoolAnswers:
     """The commands a Redis session answers itself (ANSWERS), as redis-server answers each,
     from what the session keeps: its protocol, database, name, credentials (RedisSession's
-    fields; the lender gives the server's facts and the client's id)."""
+    fields; the lender gives the server's facts and the client's id). An answer that ends
+    what the client held (QUIT) or admits it (AUTH) moves the session's mode (move())."""
 
     def hello(self, items):
         version, options = None, items[1:]
@@ -67,7 +68,8 @@ class PoolAnswers:
         wanted = self.framing.password
         right = hmac.compare_digest(user, self.framing.user) and (
             wanted is None or hmac.compare_digest(password, wanted))
-        self.authenticated = self.authenticated or right
+        if right:
+            self.move("authenticated")
         return right
 
     def auth(self, items):
@@ -147,12 +149,10 @@ class PoolAnswers:
     def quit(self, items):
         """+OK, then the end: the pool closes the connection after it (the lender sees
         `quitting`), and answers nothing the client sent after it."""
-        self.quitting = True
-        self.multi = self.watching = self.streams = False   # what it held is let go, never lent
+        self.move("quit")   # what it held is let go, never lent
         return b"+OK\r\n"
 
     def reset_command(self, items):
-        self.refused_transaction = False
         self.reset()
         return b"+RESET\r\n"
 

@@ -2,9 +2,15 @@
 borrow (ground/session.py names what its lender drives). Socket-free: the pools' lenders
 (part3/lending.py's, part2/lease.py's) drive it one request at a time.
 
+    MODES, TRANSITIONS   what a session holds (its mode), and what moves it to another: a
+                   table, as part3/commands.py is one; each mode admits a request its way
     RedisSession   the table's verdict on each request; with a lender, what the pool answers
                    itself (part3/answers.py), the state a connection is synced to, a
                    transaction pinned, a wait or a stream given a connection of its own
+
+The order a request takes: admit() (the mode's rule: ADMITTED_BY) -> None to send it on,
+with lease and wait saying how, or the pool's own answer -> the lender sends it -> replied()
+(a reply on a held connection moves the mode: a transaction begun or ended) -> the next.
 """
 import re
 import secrets
@@ -33,6 +39,54 @@ TRANSACTION_ENDS = {b"EXEC", b"DISCARD"}
 
 NOAUTH = b"-NOAUTH Authentication required.\r\n"
 
+# What a session holds, and so how it admits a request (ADMITTED_BY names each mode's rule).
+MODES = {
+    "unauthenticated": "the pool asks a password, and none has been given: AUTH, HELLO, QUIT "
+                       "and RESET only",
+    "open": "holds nothing: each request as the table's verdict says",
+    "watching": "WATCH holds a connection: the client's requests go on it",
+    "queueing": "inside MULTI, on the held connection: a request the pool refuses dooms it",
+    "doomed": "inside MULTI, a request refused: EXEC is answered EXECABORT, nothing runs",
+    "refusing": "a transaction refused whole (its MULTI refused, or its connection lost): "
+                "every request refused up to its end",
+    "streaming": "SUBSCRIBE made the connection a stream: subscriptions and what the table "
+                 "forwards go on it, until the last unsubscribe",
+    "monitoring": "MONITOR made the connection a stream",
+    "quitting": "QUIT was answered: nothing after it is",
+}
+HOLDING = {"watching", "queueing", "doomed"}   # a connection is the client's alone
+QUEUEING = {"queueing", "doomed"}             # inside MULTI
+STREAMING = {"streaming", "monitoring"}
+ROUTINE = {"open"} | HOLDING   # where a request the table forwards by name goes at once
+
+# What moves a session from one mode to another; an event a mode has no row for leaves it
+# as it is (EXEC without a transaction ends nothing). `*`: any mode. RESET is no event: it
+# makes the session a new client's (reset()).
+TRANSITIONS = """
+# mode             event            next mode
+unauthenticated    authenticated    open
+open               watched          watching
+open               multi-opened     queueing
+open               multi-refused    refusing
+open               subscribed       streaming
+open               monitored        monitoring
+watching           multi-opened     queueing
+watching           unwatched        open
+watching           lost             refusing
+queueing           doomed           doomed
+queueing           ended            open
+queueing           lost             refusing
+doomed             ended            open
+doomed             lost             refusing
+refusing           ended            open
+streaming          unsubscribed     open
+streaming          lost             open
+monitoring         lost             open
+*                  quit             quitting
+"""
+MOVES = {(mode, event): after for mode, event, after in
+         (line.split() for line in TRANSITIONS.splitlines() if line and not line.startswith("#"))}
+
 
 def confirmation(message):
     """(kind, count) if the message confirms a subscription change, else None: its kind in
@@ -56,8 +110,7 @@ class RedisSession(PoolAnswers, Session):
     with an error and never sent, so nothing of it runs, and a client told that it
     failed can send it again without applying any of it twice.
 
-    With a pool that can hold state for its client (FramedProxy through part3/lending.py,
-    ManagedProxy through part2/lease.py), each state has its answer:
+    With a lender (SessionProxy's, ManagedProxy's), each state has its answer:
       answered    HELLO (2 or 3, with AUTH and SETNAME), AUTH, CLIENT SETNAME, GETNAME, ID
                   and SETINFO, QUIT and RESET, from what the session keeps; never sent
       replayed    SELECT, answered, and the protocol HELLO chose: the session's state,
@@ -68,14 +121,11 @@ class RedisSession(PoolAnswers, Session):
       dedicated   a wait (BLPOP, XREAD BLOCK) on a connection of its own, for its timeout;
                   SUBSCRIBE's stream (and MONITOR's, where the policy allows it) until the
                   last unsubscribe, as the confirmations count them (pushed())
-    The pool drives it one request at a time (part3/lending.py, part2/lease.py say how).
+    What it holds is its mode (MODES), moved by TRANSITIONS (move()).
     """
-    lease, wait, quitting = POOLED, None, False   # what admit() says of the request admitted
 
     def __init__(self, framing, lender=None):
         super().__init__(framing, lender)   # the lender does what the session says
-        self.refused_transaction = False   # from a refused MULTI to its EXEC or DISCARD
-        self.refused_why = "was refused at its MULTI"
         self.id = lender.next_id() if lender else 0
         self.reset()
 
@@ -86,11 +136,9 @@ class RedisSession(PoolAnswers, Session):
         self.name = None
         self.restate()
         self.library = {}       # CLIENT SETINFO's attributes
-        self.authenticated = self.framing.password is None
-        self.multi = False      # between MULTI's +OK and the reply to its EXEC or DISCARD
-        self.watching = False   # between WATCH's +OK and EXEC, DISCARD or UNWATCH
-        self.doomed = None      # why the open transaction cannot run (a request refused in it)
-        self.streams = self.settles = self.monitoring = False
+        self.mode = "open" if self.framing.password is None else "unauthenticated"
+        self.refusing_why = "was refused at its MULTI"   # in mode refusing: why
+        self.lease, self.wait, self.settles = POOLED, None, False   # of the request admitted
         self.subscribed = {b"": 0, b"s": 0}   # by family: channels and patterns; shard channels
         self.marker = b"tcp-proxy:barrier:%s" % secrets.token_hex(8).encode("ascii")
 
@@ -99,16 +147,22 @@ class RedisSession(PoolAnswers, Session):
         one there), kept as one tuple, made again whenever a part of it changes."""
         self.state = (self.protocol, self.db, self.no_evict, self.name)
 
-    @property
-    def holds(self):
-        return self.multi or self.watching
+    def move(self, event):
+        """The mode an event leaves the session in (TRANSITIONS)."""
+        self.mode = MOVES.get((self.mode, event)) or MOVES.get(("*", event)) or self.mode
+
+    # What the lenders read (ground.session.Session), each the mode's.
+    holds = property(lambda self: self.mode in HOLDING)
+    streams = property(lambda self: self.mode in STREAMING)
+    quitting = property(lambda self: self.mode == "quitting")
+    authenticated = property(lambda self: self.mode != "unauthenticated")
+    monitoring = property(lambda self: self.mode == "monitoring")
 
     def admit(self, request):
-        if not self.refused_transaction and self.authenticated and not self.streams and \
-                not self.quitting and self.framing.forwards_plainly(request):
-            self.lease, self.wait = HELD if self.multi or self.watching else POOLED, None
+        if self.mode in ROUTINE and self.framing.forwards_plainly(request):
+            self.lease, self.wait = HELD if self.mode in HOLDING else POOLED, None
             return None   # the common case: its name says so, and no words are split
-        if self.quitting:   # after QUIT, nothing is answered: the connection is ending
+        if self.mode == "quitting":   # nothing is answered: the connection is ending
             return b""
         if isinstance(request, Overlong):   # read whole and dropped: it is its own answer
             return bytes(request)
@@ -122,32 +176,29 @@ class RedisSession(PoolAnswers, Session):
                 return self.refuse(fault)
             if not (items := words(request)):
                 return b""
-        if self.refused_transaction:
-            return self.inside_refused_transaction(items)
-        if self.lender is None:
-            if not self.authenticated:   # a pool password: checked here, with no connection
-                return self.auth(items) if items[0].upper() == b"AUTH" else NOAUTH
+        if self.lender is None and self.mode != "refusing":
             return self.without_state(items)
-        self.lease, self.wait, self.settles = (HELD if self.holds else POOLED), None, False
+        self.lease, self.wait, self.settles = HELD if self.holds else POOLED, None, False
+        return ADMITTED_BY[self.mode](self, request, items)
+
+    def with_verdict(self, request, items):
+        """Modes open, watching, queueing and doomed: the table's verdict, the pool's own
+        answers, a pin, a wait or a stream; inside MULTI, a refusal dooms the transaction."""
         name = commands.name_of(items)
-        if not self.authenticated and name not in BEFORE_AUTH:
-            return NOAUTH
         action, reason = self.framing.verdict(items)
-        if isinstance(request, Head) and (action != commands.FORWARD or self.streams or
+        if isinstance(request, Head) and (action != commands.FORWARD or
                                           name.split(b" ")[0] in commands.BY_ARGUMENTS):
             return self.refuse(f"{shown(name)} too long to pass on: the pool passes on only a "
                                f"long request it forwards as it is, and keeps {len(request)} bytes")
-        if self.streams:
-            return self.in_stream(name, action, reason, items)
         if action == commands.FORWARD:
             return None
-        if self.doomed and name == b"EXEC":   # as redis-server ends a transaction it refused
-            self.multi = self.watching = False   # a part of: its connection is closed, not lent
-            self.doomed = None
+        queued = self.mode in QUEUEING
+        if self.mode == "doomed" and name == b"EXEC":   # as redis-server ends a transaction it
+            self.move("ended")   # refused a part of: its connection is closed, not lent
             return self.framing.error("Transaction discarded because of previous errors.",
                                       code="EXECABORT")
         if (answer := ANSWERS.get(name)):
-            if self.multi and name not in (b"QUIT", b"RESET"):
+            if queued and name not in (b"QUIT", b"RESET"):
                 return self.doom(f"{shown(name)} is the pool's to answer, and a transaction "
                                  f"cannot hold it")
             return answer(self, items)
@@ -157,31 +208,42 @@ class RedisSession(PoolAnswers, Session):
         if action == commands.DEDICATE:
             return self.dedicate(name, commands.kind_of(commands.lookup(items), items), items,
                                  reason)
-        return self.doom(reason) if self.multi else self.refuse(reason)
+        return self.doom(reason) if queued else self.refuse(reason)
+
+    def before_auth(self, request, items):
+        """Mode unauthenticated: AUTH and HELLO (which authenticate), QUIT and RESET."""
+        if commands.name_of(items) not in BEFORE_AUTH:
+            return NOAUTH
+        return self.with_verdict(request, items)
 
     def dedicate(self, name, kind, items, reason):
         """A wait on a connection of its own (or the one the client holds: it stays the
         client's; inside MULTI it is queued, and waits for nothing); a stream on its own."""
         if kind == "blocks":
-            if not self.multi:
+            if self.mode not in QUEUEING:
                 self.lease = HELD if self.holds else OWN
                 self.wait = commands.wait_of(items)
             return None
-        if self.multi:
+        if self.mode in QUEUEING:
             return self.doom(f"{shown(name)} inside a transaction: its connection would turn "
                              f"into a stream")
-        if self.watching:
+        if self.mode == "watching":
             return self.refuse(f"{shown(name)} while WATCH holds the connection: UNWATCH first")
         if name in OPENS_A_STREAM or kind == "monitor":
-            self.lease, self.streams, self.settles = OWN, True, name in OPENS_A_STREAM
-            self.monitoring = kind == "monitor"
+            self.lease, self.settles = OWN, name in OPENS_A_STREAM
+            self.move("monitored" if kind == "monitor" else "subscribed")
             return None
         return self.refuse(reason)
 
-    def in_stream(self, name, action, reason, items):
-        """A request while the client's connection is a stream: more subscriptions, anything
-        forwarded, or the pool's own answers; nothing that would change the stream's state."""
+    def in_stream(self, request, items):
+        """Modes streaming and monitoring: more subscriptions, anything forwarded, or the
+        pool's own answers; nothing that would change the stream's state."""
         self.lease = OWN
+        name = commands.name_of(items)
+        action, _ = self.framing.verdict(items)
+        if isinstance(request, Head):
+            return self.refuse(f"{shown(name)} too long to pass on: the pool passes on only a "
+                               f"long request it forwards as it is, and keeps {len(request)} bytes")
         if name in SUBSCRIBING:
             self.settles = True   # its confirmations may end the stream
             return None
@@ -194,47 +256,49 @@ class RedisSession(PoolAnswers, Session):
                            f"SUBSCRIBE or MONITOR): unsubscribe first, or RESET")
 
     def without_state(self, items):
-        """For a pool that keeps no state for its client: only what the table forwards."""
+        """With no lender, nothing can be kept for the client: only what the table forwards
+        (and a pool password, checked here, with no connection)."""
+        if self.mode == "unauthenticated":
+            return self.auth(items) if items[0].upper() == b"AUTH" else NOAUTH
         action, reason = self.framing.verdict(items)
         if action == commands.FORWARD:
             return None
         if action == commands.PIN and items[0].upper() == b"MULTI" and len(items) == 1:
-            self.refused_transaction = True
+            self.refusing_why = "was refused at its MULTI"
+            self.move("multi-refused")
             return self.refuse(f"{reason}; the pool refuses the whole transaction: nothing up to "
                                f"its EXEC or DISCARD is sent")
         return self.refuse(reason)
 
-    def inside_refused_transaction(self, items):
-        """A request between a refused MULTI and its end: never sent. EXEC ends it as
-        redis-server ends a transaction that failed while queueing (EXECABORT); DISCARD
+    def refusing(self, request, items):
+        """Mode refusing: a request between a refused MULTI and its end is never sent. EXEC ends
+        it as redis-server ends a transaction that failed while queueing (EXECABORT); DISCARD
         as redis-server does (+OK: nothing is queued); anything else is refused."""
         command = items[0].upper()
         if command in (b"EXEC", b"DISCARD") and len(items) == 1:
-            self.refused_transaction = False
+            self.move("ended")
             if command == b"DISCARD":
                 return b"+OK\r\n"
-            return self.framing.error(f"tcp-proxy: the transaction {self.refused_why}; "
+            return self.framing.error(f"tcp-proxy: the transaction {self.refusing_why}; "
                                       f"nothing in it ran", code="EXECABORT")
-        if command == b"UNWATCH" and self.refused_why != "was refused at its MULTI":
-            self.refused_transaction = False   # a WATCH whose connection was lost: it ends here
+        if command == b"UNWATCH" and self.refusing_why != "was refused at its MULTI":
+            self.move("ended")   # a WATCH whose connection was lost: it ends here
             return b"+OK\r\n"
         return self.refuse(f"{shown(commands.name_of(items))} not sent: the transaction it is "
-                           f"queued in {self.refused_why}")
+                           f"queued in {self.refusing_why}")
 
     def doom(self, reason):
         """Refuse a request inside MULTI, and so the transaction: redis-server's own rule for
         a command it refuses while queueing (EXEC answers EXECABORT)."""
-        self.doomed = reason
+        self.move("doomed")
         return self.refuse(reason)
 
     def lost(self):
         """The connection the client's mode was on is gone: a stream ends; the rest of a
         transaction is refused up to its end, since its MULTI or WATCH went with it."""
         if self.holds:
-            self.refused_transaction = True
-            self.refused_why = "lost its connection"
-        self.multi = self.watching = self.streams = False
-        self.doomed = None
+            self.refusing_why = "lost its connection"
+        self.move("lost")
         self.subscribed = {b"": 0, b"s": 0}
 
     def refuse(self, reason):
@@ -258,7 +322,7 @@ class RedisSession(PoolAnswers, Session):
         first = reply[:1]
         if self.protocol == 2 and first and first[0] in RESP3_ONLY:
             return False
-        if self.multi and command_of(request) not in TRANSACTION_ENDS:
+        if self.mode in QUEUEING and command_of(request) not in TRANSACTION_ENDS:
             return reply == b"+QUEUED\r\n" or (bool(first) and first[0] in ERRORS)
         return self.framing.fits(request, reply, framed=True)
 
@@ -272,15 +336,17 @@ class RedisSession(PoolAnswers, Session):
         watched or not."""
         command = command_of(request)
         failed = reply[:1] in (b"-", b"!")
-        if command == b"MULTI" and not failed:
-            self.multi = True
-        elif command in TRANSACTION_ENDS and self.multi:
-            self.multi = self.watching = False
-            self.doomed = None
-        elif command == b"WATCH" and not failed and not self.multi:
-            self.watching = True
-        elif command == b"UNWATCH" and not failed and not self.multi:
-            self.watching = False
+        if command in TRANSACTION_ENDS:
+            if self.mode in QUEUEING:
+                self.move("ended")
+        elif failed or self.mode in QUEUEING:   # queued (or refused): it moves nothing yet
+            return
+        elif command == b"MULTI":
+            self.move("multi-opened")
+        elif command == b"WATCH":
+            self.move("watched")
+        elif command == b"UNWATCH":
+            self.move("unwatched")
 
     def barrier(self):
         return array(b"PING", self.marker)
@@ -289,10 +355,18 @@ class RedisSession(PoolAnswers, Session):
         """A message on the stream: the client's (True), or the reply to the pool's barrier
         (False: at it, a stream whose subscriptions are all gone has ended)."""
         if message in (bulk(self.marker), array(b"pong", self.marker)):
-            if not self.monitoring and not any(self.subscribed.values()):
-                self.streams = False
+            if not any(self.subscribed.values()):
+                self.move("unsubscribed")   # a subscriber's stream; MONITOR's has no row
             return False
         if (confirmed := confirmation(message)):
             kind, count = confirmed
             self.subscribed[b"s" if kind in (b"ssubscribe", b"sunsubscribe") else b""] = count
         return True
+
+
+ADMITTED_BY = {   # each mode's rule for a request that must be read by its words
+    "unauthenticated": RedisSession.before_auth, "open": RedisSession.with_verdict,
+    "watching": RedisSession.with_verdict, "queueing": RedisSession.with_verdict,
+    "doomed": RedisSession.with_verdict, "refusing": RedisSession.refusing,
+    "streaming": RedisSession.in_stream, "monitoring": RedisSession.in_stream,
+}
