@@ -515,14 +515,14 @@ def main(argv=None):
     scenarios = SCENARIOS
     if options.managed:
         from part2 import managed_demo   # only this flag needs the second part
-        scenarios = managed_demo.SCENARIOS
+        scenarios = managed_demo.MANAGED_SCENARIOS
     if options.part3:
         from part3 import part3_demo   # only this flag needs Part three (and redis-server)
         from part3 import redis_server
         if not redis_server.redis_available():
             print(redis_server.INSTALL_HINT)
             return 0
-        scenarios = part3_demo.SCENARIOS
+        scenarios = part3_demo.PART3_SCENARIOS
     if options.list:
         for name, title, _ in scenarios:
             print(f"{name:<12} {title}")

@@ -230,7 +230,7 @@ def idle_timeout():
         client.shut_down()
 
 
-SCENARIOS = [
+MANAGED_SCENARIOS = [
     ("dirty", "The dirty return: a timed-out call's late reply", dirty_return),
     ("restart", "Upstream restart: idle EOF, a lost call, idempotent retry", restart),
     ("ping", "Initial ping: nothing user-visible reaches a dead upstream", initial_ping),

@@ -4,9 +4,9 @@ import sys
 
 from part3 import acl, serve
 
-COMMANDS = {"serve": serve.main, "acl": acl.main}
+SUBCOMMANDS = {"serve": serve.main, "acl": acl.main}
 
-if sys.argv[1:2] not in ([name] for name in COMMANDS):
+if sys.argv[1:2] not in ([name] for name in SUBCOMMANDS):
     sys.exit("usage: python3 -m part3 serve --upstream HOST:PORT [...] | python3 -m part3 acl "
              "[...] (--help for the rest)")
-sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))
+sys.exit(SUBCOMMANDS[sys.argv[1]](sys.argv[2:]))

@@ -35,7 +35,7 @@ from part3.resp import Resp
 from part3.words import array, decode, words
 
 USER = b"tcp-proxy"   # the name of the user the pool makes, or the operator installs
-CONNECT_TIMEOUT = 5.0   # seconds the start-up probe may take, connect and replies
+PROBE_TIMEOUT = 5.0   # seconds the start-up probe may take, connect and replies
 TELLING = {b"FLUSHALL", b"FLUSHDB", b"SWAPDB"}   # named first when a user may run them
 # Asked from inside a script, so as the pool's upstream user: of the commands named in ARGV
 # (each its words, space-separated), those that user may run. A name the server does not know
@@ -123,7 +123,7 @@ def confine(addr, **options):
     scripts are refused, and the line says why and what to do."""
     framing = Resp(**options)
     try:
-        with socket.create_connection(addr, timeout=CONNECT_TIMEOUT) as sock:
+        with socket.create_connection(addr, timeout=PROBE_TIMEOUT) as sock:
             for request, reply in authenticated(sock, framing):
                 if reply != b"+OK\r\n":
                     raise ConnectionError(f"the upstream refused the pool's AUTH: {reply!r:.60}")
@@ -177,7 +177,7 @@ def main(argv=None):
     known = None
     if options.upstream:
         host, _, port = options.upstream.rpartition(":")
-        with socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT) as sock:
+        with socket.create_connection((host.strip("[]"), int(port)), PROBE_TIMEOUT) as sock:
             known, _ = probe(sock, framing)
     line = [b"ACL", b"SETUSER", options.user.encode()]
     line += rules(framing, password.encode(), known)

@@ -14,7 +14,7 @@ that class of bug in redis-py's asyncio client).
                             overlong="drop", it reads a message too long to keep to its
                             end, counting the bytes it lets go (Frames drops them); with
                             overlong="pass", it hands them on (Frames gives them in pieces)
-    Overlong, Passed        what such a message becomes: the error that answers it, or
+    Overlong, PassedEnd     what such a message becomes: the error that answers it, or
                             the marker of its end
     reply_size(buffer)      the length of the first whole reply in buffer, None while
                             it has not ended, ValueError for bytes no reply starts with
@@ -90,7 +90,7 @@ class Overlong(bytes):
         return message
 
 
-class Passed(frames.Passed):
+class PassedEnd(frames.Passed):
     """The end of a message too long to keep, handed on as it came (Parser(overlong="pass")):
     no bytes of its own (every byte went before it, piece by piece); what is known of the
     message, as an Overlong knows it: its size, the limit, its first bytes, a request?"""
@@ -121,7 +121,7 @@ class Parser:
     or for one that was over, the Overlong error that answers it. The bound is on memory,
     not on how far a parse may go. overlong="pass" reads such a message the same way, but
     keeps each run of bytes it deletes in `passed` (Frames(passing=True) hands them on, the
-    first a Head), and ends it with a Passed marker instead of the error: what a pool uses
+    first a Head), and ends it with a PassedEnd marker instead of the error: what a pool uses
     to pass a long value through with a window of memory.
     """
 
@@ -161,7 +161,7 @@ class Parser:
             return bytes(kept)
         head = self.head if self.head is not None else bytes(kept[:Overlong.HEAD])
         if self.overlong == "pass":   # its last bytes go the way the others went, then its end
-            end = Passed(self.dropped + len(kept), self.max_size, head, self.request)
+            end = PassedEnd(self.dropped + len(kept), self.max_size, head, self.request)
             self.passed += [(Piece if self.dropped else Head)(kept), end]
             return end
         return Overlong(self.dropped + len(kept), self.max_size, head, self.request)

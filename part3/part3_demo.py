@@ -354,7 +354,7 @@ def late_reply_verdict(abandoned, dropped, served_on):
             f"any more: dropped, {after}")
 
 
-SCENARIOS = [
+PART3_SCENARIOS = [
     ("naive-redis", "NaiveProxy in front of Redis: B gets A's job", naive_redis),
     ("line-pool", "A pool that frames Redis replies by line: the tail goes to the next borrower",
      line_pool),

@@ -21,7 +21,7 @@ neighbours) and so what the pool does with it. RedisSession applies it per clien
 import re
 
 import part3.commands as commands
-from part3.parser import MAX_REPLY, MAX_REQUEST, Overlong, Parser, Passed, reply_size
+from part3.parser import MAX_REPLY, MAX_REQUEST, Overlong, Parser, PassedEnd, reply_size
 from part3.session import RedisSession
 from part3.words import Facts, array, as_bytes, inline_fault, shown, words
 
@@ -266,7 +266,7 @@ class Resp:
         kind = reply[:1]
         if kind == b"-" and isinstance(reply, Overlong):
             kind = reply.head[:1]
-        elif not kind and isinstance(reply, Passed):   # a long reply's end: judged by its head
+        elif not kind and isinstance(reply, PassedEnd):   # a long reply's end: judged by its head
             kind = reply.head[:1]
         elif not framed:
             try:

@@ -34,7 +34,7 @@ from part3 import acl
 from part3.framed import SessionProxy
 from ground.server import Server
 
-LOG = logging.getLogger("part3.serve")
+SERVE_LOG = logging.getLogger("part3.serve")
 SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
@@ -87,13 +87,13 @@ class LoggedSessionProxy(SessionProxy):
     def count(self, name, amount=1):
         super().count(name, amount)
         if name in self.ERRORS:
-            LOG.warning("upstream connection closed: %s", self.ERRORS[name])
+            SERVE_LOG.warning("upstream connection closed: %s", self.ERRORS[name])
 
 
 def log_transitions(source, event):
     """ManagedProxy's on_event: a line for each upstream connection that goes down on an error."""
     if event[0] == "transition" and event[2] == "down" and getattr(source, "errors", 0):
-        LOG.warning("upstream connection down: %s", event[3])
+        SERVE_LOG.warning("upstream connection down: %s", event[3])
 
 
 def build_pool(options, environ=os.environ):
@@ -103,7 +103,7 @@ def build_pool(options, environ=os.environ):
                                 upstream_user=options.upstream_user,
                                 upstream_password=environ.get("UPSTREAM_PASSWORD") or None)
     if said:
-        LOG.warning("%s", said)
+        SERVE_LOG.warning("%s", said)
     if options.kind == "framed":
         kind = type("Served", (LoggedSessionProxy,), {"listen_addr": options.listen})
         return kind(options.upstream, pool_cap=options.size, framing=framing)

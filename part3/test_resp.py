@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from conftest import ROOT, need_redis
 from part3 import redis_server
 from scaffolding import kit
-from part3.parser import MAX_BULK, Overlong, Parser, Passed, reply_size
+from part3.parser import MAX_BULK, Overlong, Parser, PassedEnd, reply_size
 from part3.resp import RESP
 from ground.frames import Frames, Head, Piece
 from ground.server import Server
@@ -302,7 +302,7 @@ def test_a_dropping_parser_reads_a_long_reply_in_pieces_once_and_keeps_its_bound
 
 def frame_passing(chunks, new_parser):
     """What SessionProxy does with RESP: Frames over a passing parser. Returns each message as
-    it was handed on (a whole one, or the pieces of a long one joined, with its Passed end) and
+    it was handed on (a whole one, or the pieces of a long one joined, with its PassedEnd end) and
     the most bytes Frames held unread at once."""
     frames, messages, pieces, held = Frames(new_parser), [], None, 0
     for chunk in chunks:
@@ -313,7 +313,7 @@ def frame_passing(chunks, new_parser):
                 pieces = [taken]
             elif isinstance(taken, Piece):
                 pieces.append(taken)
-            elif isinstance(taken, Passed):
+            elif isinstance(taken, PassedEnd):
                 messages.append((b"".join(pieces), taken))
                 pieces = None
             else:
