@@ -33,7 +33,7 @@ NAME = re.compile(rb"\*[1-9][0-9]{0,17}\r\n(\$[1-9][0-9]?\r\n[^\r\n]{1,99})\r\n"
 NAMES_KEPT = 4096   # names a Resp remembers what they say: a client chooses them, so a bound
 NOT_BY_NAME = (False, None)   # what Resp._named() says of a request whose name does not say
 class Resp:
-    """The RESP framing: the interface FramedProxy(framing=...) drives.
+    """The RESP framing: what a pool made with framing= drives (SessionProxy, ManagedProxy).
 
     Resp(allow=names) forwards the commands named (a server-wide command of the table,
     `FLUSHDB`, `CONFIG SET`) that the policy refuses by default; Resp(refuse=names) refuses
