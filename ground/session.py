@@ -12,8 +12,9 @@ a transaction, a subscription.
 The two sides. A pool's lender (part3/lending.py's Lending for FramedProxy, Part two's for
 ManagedProxy) makes one session per client (framing.session(lender)) and drives it one
 request at a time: admit() first, then, for a request it sends on, the rest of the names
-below. A session asks its lender two things: next_id() (the client's number) and facts()
-(what the lender learnt of its server, once; NotYet while it learns).
+below. A session asks its lender three things: next_id() (the client's number), facts()
+(what the lender learnt of its server, once; NotYet while it learns), and refused(name), to
+count a request it refused by its command (the pool's stats show them).
 """
 
 POOLED, HELD, OWN = "pooled", "held", "own"
@@ -54,8 +55,9 @@ class Session:
                               apart, and whether a message is the client's (False: the
                               barrier's reply; then a stream whose subscriptions are gone ends)
       lost()                  the connection the client's mode lived on is gone
+      addresses               (the client's address, the pool's), as its lender sets them
     """
-    lease, wait, state = POOLED, None, None
+    lease, wait, state, addresses = POOLED, None, None, None
     holds = quitting = streams = settles = False
 
     def __init__(self, framing, lender=None):

@@ -23,6 +23,7 @@ The order a lent request takes: ClientStream.admit() (session.lease is not POOLE
 it waits until every request before it is answered -> ProxyClient.lend() -> an OwnLink
 (or the StreamLink) -> its reply to the client -> the requests after it admitted.
 """
+import collections
 import itertools
 import math
 import os
@@ -45,6 +46,7 @@ class ManagedLending:
         self.proxy = proxy
         self.framing = proxy.framing
         self.ids = itertools.count(1)
+        self.refusals = collections.Counter()   # command -> requests its sessions refused
         self.learned = None    # what the pool read of its server, once (facts())
         self.learning = False
         self.failure = None    # (when, why) the last learning failed
@@ -54,6 +56,9 @@ class ManagedLending:
 
     def next_id(self):
         return next(self.ids)
+
+    def refused(self, command):
+        self.refusals[command] += 1
 
     def facts(self):
         """The server's facts (framing.facts()); the first time, NotYet: they are asked

@@ -163,6 +163,7 @@ class ProxyClient(ClientStream):
     def __init__(self, proxy, sock):
         super().__init__(proxy.framing, proxy, proxy)
         self.proxy, self.loop, self.sock = proxy, proxy.loop, sock
+        self.session.addresses = (sock.getpeername(), sock.getsockname())
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.reading = True      # not at EOF, not paused

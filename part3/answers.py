@@ -105,12 +105,14 @@ class PoolAnswers:
 
     def client(self, items):
         subcommand = items[1].upper()
-        arity = {b"SETNAME": 3, b"GETNAME": 2, b"ID": 2, b"SETINFO": 4}[subcommand]
+        arity = {b"SETNAME": 3, b"GETNAME": 2, b"ID": 2, b"SETINFO": 4, b"INFO": 2}[subcommand]
         if len(items) != arity:
             return self.framing.error(f"wrong number of arguments for 'client|"
                                       f"{shown(subcommand.lower())}' command")
         if subcommand == b"ID":
             return b":%d\r\n" % self.id
+        if subcommand == b"INFO":
+            return self.client_info()
         if subcommand == b"GETNAME":
             return bulk(self.name) if self.name else null(self.protocol)
         if subcommand == b"SETNAME":
@@ -127,6 +129,23 @@ class PoolAnswers:
                                       f"special characters.")
         self.library[attribute] = items[3]
         return b"+OK\r\n"
+
+    def client_info(self):
+        """CLIENT INFO, as redis-server writes it, for this client: its id, its address and the
+        pool's (not those of the connection the pool would send it on, which a library would
+        record as its own: rq names its workers by it), its name, database and protocol; a
+        verbatim string in RESP3. What the pool does not keep (buffers, memory) reads 0."""
+        peer, here = (f"{addr[0]}:{addr[1]}" for addr in self.addresses or (("?", 0),) * 2)
+        streams = self.subscribed if self.streams else {b"": 0, b"s": 0}
+        fields = (f"id={self.id} addr={peer} laddr={here} fd=-1 name={shown(self.name or b'')} "
+                  f"age=0 idle=0 flags={'e' if self.no_evict else 'N'} db={self.db} "
+                  f"sub={streams[b'']} psub=0 "
+                  f"ssub={streams[b's']} multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 "
+                  f"rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=client|info "
+                  f"user={shown(self.framing.user)} redir=-1 resp={self.protocol}\n").encode()
+        if self.protocol == 3:
+            return b"=%d\r\ntxt:%s\r\n" % (len(fields) + 4, fields)
+        return bulk(fields)
 
     def no_evict_command(self, items):
         """CLIENT NO-EVICT on|off: kept, and replayed on every connection the client's
@@ -169,6 +188,7 @@ ANSWERS = {   # the commands the pool answers itself, from what the session keep
     b"HELLO": PoolAnswers.hello, b"AUTH": PoolAnswers.auth, b"SELECT": PoolAnswers.select,
     b"CLIENT SETNAME": PoolAnswers.client, b"CLIENT GETNAME": PoolAnswers.client,
     b"CLIENT ID": PoolAnswers.client, b"CLIENT SETINFO": PoolAnswers.client,
+    b"CLIENT INFO": PoolAnswers.client,
     b"CLIENT NO-EVICT": PoolAnswers.no_evict_command, b"CLIENT REPLY": PoolAnswers.reply_command,
     b"QUIT": PoolAnswers.quit, b"RESET": PoolAnswers.reset_command,
     b"UNSUBSCRIBE": PoolAnswers.unsubscribe, b"PUNSUBSCRIBE": PoolAnswers.unsubscribe,

@@ -105,7 +105,7 @@ CLIENT GETNAME          $       session
 CLIENT GETREDIR         :       plain
 CLIENT HELP             *       plain
 CLIENT ID               :       session
-CLIENT INFO             $       plain
+CLIENT INFO             $       session
 CLIENT KILL             +:      server
 CLIENT LIST             $       server
 CLIENT NO-EVICT         +       state

@@ -39,6 +39,7 @@ class SessionProxy(FramedProxy):
     def handle(self, client):
         requests = self.requests(client)
         session = self.framing.session(self.lending)   # what the pool answers, before any borrow
+        session.addresses = (client.getpeername(), client.getsockname())
         try:
             while (request := self.next_request(client, requests)) is not None:
                 self.lending.serve(session, client, request, requests)

@@ -20,6 +20,7 @@ fresh one), in the same write as the request -> their replies read and checked -
 wait, for a command that waits -> read_reply(), in_step() with the session's fit ->
 session.replied() -> give_back(): kept by the client while it holds it, else checked in.
 """
+import collections
 import itertools
 import math
 import select
@@ -51,11 +52,16 @@ class Lending:
         self.own = 0         # connections of a client's own (a wait, a stream) open now
         self.dedicated = 0   # such connections ever opened (the tests read it)
         self.learned = None  # what the pool read of its server, once (facts())
+        self.refusals = collections.Counter()   # command -> requests its sessions refused
         self.lock = threading.Lock()
         self.ids = itertools.count(1)
 
     def next_id(self):
         return next(self.ids)
+
+    def refused(self, command):
+        with self.lock:   # sessions on many threads count here
+            self.refusals[command] += 1
 
     def serve(self, session, client, request, requests):
         """One request: the session's own answer, or its trip on the connection its lease

@@ -65,7 +65,7 @@ class Stats(Server):
 
 def counters_of(pool):
     """What a pool counts, by name: its own counters, and for ManagedProxy its set's and the
-    sum of its clients'."""
+    sum of its clients'; then the requests its sessions refused, by command (refused.KEYS)."""
     found = {name: getattr(pool, name) for name in pool.counters}
     if isinstance(pool, ManagedProxy):
         managed_set = pool.managed_set
@@ -77,6 +77,8 @@ def counters_of(pool):
                     found[key] = found.get(key, 0) + getattr(client, name)
     else:
         found.update(idle=len(pool.idle), open=pool.open)
+    for command, count in sorted(pool.lending.refusals.items()):
+        found[f"refused.{command}"] = count
     return found
 
 

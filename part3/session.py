@@ -140,6 +140,7 @@ class RedisSession(PoolAnswers, Session):
         self.refusing_why = "was refused at its MULTI"   # in mode refusing: why
         self.lease, self.wait, self.settles = POOLED, None, False   # of the request admitted
         self.subscribed = {b"": 0, b"s": 0}   # by family: channels and patterns; shard channels
+        self.command = None   # the command of the request admit() reads now, once it has words
         self.marker = b"tcp-proxy:barrier:%s" % secrets.token_hex(8).encode("ascii")
 
     def restate(self):
@@ -164,6 +165,7 @@ class RedisSession(PoolAnswers, Session):
             return None   # the common case: its name says so, and no words are split
         if self.mode == "quitting":   # nothing is answered: the connection is ending
             return b""
+        self.command = None   # until its words are read
         if isinstance(request, Overlong):   # read whole and dropped: it is its own answer
             return bytes(request)
         if isinstance(request, Head):   # too long to keep: judged by the words whole in it
@@ -176,6 +178,7 @@ class RedisSession(PoolAnswers, Session):
                 return self.refuse(fault)
             if not (items := words(request)):
                 return b""
+        self.command = commands.name_of(items)   # what a refusal is counted under
         if self.lender is None and self.mode != "refusing":
             return self.without_state(items)
         self.lease, self.wait, self.settles = HELD if self.holds else POOLED, None, False
@@ -250,7 +253,7 @@ class RedisSession(PoolAnswers, Session):
         if action == commands.FORWARD:
             return None
         if name in (b"QUIT", b"RESET", b"AUTH", b"CLIENT ID", b"CLIENT GETNAME", b"CLIENT SETNAME",
-                    b"CLIENT SETINFO"):
+                    b"CLIENT SETINFO", b"CLIENT INFO"):
             return ANSWERS[name](self, items)
         return self.refuse(f"{shown(name)} on a connection that is a stream of messages (after "
                            f"SUBSCRIBE or MONITOR): unsubscribe first, or RESET")
@@ -302,6 +305,13 @@ class RedisSession(PoolAnswers, Session):
         self.subscribed = {b"": 0, b"s": 0}
 
     def refuse(self, reason):
+        """The pool's refusal, in RESP's form, counted by its lender under the command refused
+        (a name the table lacks, under one name for all: a client chooses them)."""
+        if self.lender is not None:
+            name = self.command
+            known = name in commands.COMMANDS
+            self.lender.refused(name.decode() if known else "(not in the table)" if name else
+                                "(no command read)")
         return self.framing.error(f"tcp-proxy: {reason}")
 
     # --- the lender drives these (ground.session.Session)

@@ -85,6 +85,7 @@ def test_serve_runs_a_pool_redis_cli_uses_reports_its_counters_and_ends_cleanly_
         with socket.create_connection(("127.0.0.1", stats_port), timeout=START_TIMEOUT) as sock:
             stats = json.loads(sock.makefile("rb").read())
         assert stats["connections"] == 3
+        assert stats["refused.FLUSHALL"] == 1   # each refusal, by the command refused
         opened = stats["opened"] if kind == "framed" else stats["upstream.connects"]
         assert 1 <= opened <= 2
     finally:

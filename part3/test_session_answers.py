@@ -6,7 +6,7 @@ import re
 import pytest
 
 from part2.managed import ManagedProxy
-from part3.conftest import Client, array, direct_and_pooled
+from part3.conftest import POOL_KINDS, Client, array, direct_and_pooled, make_pool
 from part3.resp import RESP, Resp
 from part3.framed import SessionProxy
 
@@ -130,3 +130,28 @@ def test_a_sync_the_server_refuses_costs_the_request_an_error_and_the_connection
                                        b"client's state: HELLO was answered -NOAUTH HELLO must be "
                                        b"called with the cl\r\n"]   # its first 40 bytes
         assert proxy.discarded == 1
+
+
+@pytest.mark.parametrize("pool_kind", POOL_KINDS)
+def test_client_info_describes_the_client_its_address_name_and_database_not_a_pool_connection(
+        redis, control, clients, pool_kind):
+    """rq names a worker by CLIENT INFO's addr: forwarded, it was the pool's own connection's."""
+    with make_pool(pool_kind, redis) as proxy:
+        client = clients(proxy.addr)
+        assert client.ask("CLIENT SETNAME worker", "SELECT 0") == [b"+OK\r\n"] * 2
+        mine = "%s:%d" % client.sock.getsockname()
+        info = client.ask("CLIENT INFO")[0].decode()
+        assert f" addr={mine} laddr=127.0.0.1:{proxy.addr[1]} " in info
+        assert " name=worker " in info and " db=0 " in info and info.endswith(" resp=2\n\r\n")
+        fields = info.split("\r\n")[1].replace(" resp=2\n", " resp=3\n").encode()
+        client.ask("HELLO 3")   # a verbatim string, as redis-server answers a RESP3 client
+        assert client.ask("CLIENT INFO") == [b"=%d\r\ntxt:%s\r\n" % (len(fields) + 4, fields)]
+
+
+@pytest.mark.parametrize("pool_kind", POOL_KINDS)
+def test_every_refusal_is_counted_by_the_command_refused(redis, control, clients, pool_kind):
+    with make_pool(pool_kind, redis) as proxy:
+        client = clients(proxy.addr)
+        client.ask("FLUSHALL", "FLUSHALL", "SWAPDB 0 1", "NOSUCH x", "GET k")
+        assert dict(proxy.lending.refusals) == {"FLUSHALL": 2, "SWAPDB": 1,
+                                                 "(not in the table)": 1}

@@ -44,8 +44,13 @@ def test_client_no_evict_is_replayed_as_select_is_and_client_reply_on_changes_no
         protected, other = clients(proxy.addr, 2)
         assert protected.ask("CLIENT NO-EVICT on", "CLIENT REPLY ON") == [b"+OK\r\n"] * 2
         for _ in range(2):   # the one connection, brought to each client's flags in turn
-            assert re.search(rb" flags=N*e", protected.ask("CLIENT INFO")[0])
-            assert not re.search(rb" flags=N*e", other.ask("CLIENT INFO")[0])
+            assert protected.ask("PING") == [b"+PONG\r\n"]
+            assert [re.search(" flags=N*e", line) is not None
+                    for line in server_clients(control)] == [True]
+            assert other.ask("PING") == [b"+PONG\r\n"]
+            assert [re.search(" flags=N*e", line) is not None
+                    for line in server_clients(control)] == [False]
+        assert b" flags=e " in protected.ask("CLIENT INFO")[0]   # as the pool answers it
         assert protected.ask("CLIENT REPLY OFF")[0].startswith(
             b"-ERR tcp-proxy: CLIENT REPLY switches the connection's replies off")
         assert proxy.opened == 1
