@@ -54,7 +54,8 @@ class Session:
       barrier(), pushed(message)   on a stream: a request whose reply the lender can tell
                               apart, and whether a message is the client's (False: the
                               barrier's reply; then a stream whose subscriptions are gone ends)
-      lost()                  the connection the client's mode lived on is gone
+      lost(why)               the connection the client's mode lived on is gone (why: for
+                              the refusals of what the client still sends of its transaction)
       addresses               (the client's address, the pool's), as its lender sets them
     """
     lease, wait, state, addresses = POOLED, None, None, None
@@ -87,5 +88,5 @@ class Session:
     def pushed(self, message):
         raise NotImplementedError("the toy protocol has no stream")
 
-    def lost(self):
+    def lost(self, why=None):
         """Nothing was held: nothing to let go."""

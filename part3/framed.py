@@ -11,8 +11,8 @@ import contextlib
 import socket
 import time
 
-from ground.frames import Frames, Piece
-from ground.server import CHUNK, ready, recv, shutdown
+from ground.frames import Frames, Passed, Piece
+from ground.server import CHUNK, ready, shutdown
 import part3.streams as streams
 from part3.lending import Lending
 from part3.resp import RESP
@@ -24,36 +24,73 @@ class SessionProxy(FramedProxy):
     own (Lending) serves each client's requests as its session says; a request or a reply
     too long to keep goes on in pieces as it arrives; a client whose bytes cannot be framed
     is told why, then read to its end (drain_timeout, 5 s, at most), so that it reads the
-    error and not a reset; and a whole reply has a deadline, exchange_timeout (10 s), however
-    it trickles, besides each silence's (reply_timeout).
+    error and not a reset.
+
+    Every lend has an end. A request has request_timeout (10 s) to arrive whole, from its
+    first byte, a long one passed on in pieces too; a whole reply has exchange_timeout (10 s),
+    however it trickles, besides each silence's (reply_timeout); a connection a client holds
+    (MULTI, WATCH) is taken from it after hold_timeout (30 s) without a request, and the rest
+    of its transaction refused, saying why.
 
     Methods a subclass may override: FramedProxy's (serve's LoggedSessionProxy counts)."""
     drain_timeout = 5.0   # seconds a client whose bytes cannot be framed is read, after its error
 
     def __init__(self, upstream_addr, pool_cap=1, framing=RESP, exchange_timeout=10.0,
-                 **options):
+                 request_timeout=10.0, hold_timeout=30.0, **options):
         self.exchange_timeout = exchange_timeout
+        self.request_timeout = request_timeout
+        self.hold_timeout = hold_timeout
         self.lending = Lending(self, framing)   # before any client: FramedProxy starts accepting
         super().__init__(upstream_addr, pool_cap, framing=framing, **options)
 
     def handle(self, client):
-        requests = self.requests(client)
         session = self.framing.session(self.lending)   # what the pool answers, before any borrow
         session.addresses = (client.getpeername(), client.getsockname())
+        requests = self.requests(client, session)
         try:
             while (request := self.next_request(client, requests)) is not None:
                 self.lending.serve(session, client, request, requests)
+        except ValueError as error:   # raised by requests() while a long request's pieces came
+            client.sendall(self.framing.error(str(error)))
+            self.drain(client)
         finally:
             self.lending.close(session)   # what the client held (a transaction): never lent
 
-    def requests(self, client):
-        """Yield each whole request the client sends, in order (ValueError if malformed): one
-        too long to keep comes as a Head, the rest of it as it arrives, then a Passed."""
+    def requests(self, client, session):
+        """Yield each whole request the client sends, in order (ValueError if malformed, and if
+        one is not whole within request_timeout of its first byte): one too long to keep comes
+        as a Head, the rest of it as it arrives, then a Passed. A client that holds a
+        connection and sends nothing for hold_timeout loses it (Lending.expire())."""
         frames = Frames(lambda: self.framing.request_parser(passing=True))
-        while data := recv(client):
-            frames.feed(data)
+        begun = None      # when the request now arriving began
+        passing = False   # a long request's pieces are coming: it is not over
+        while True:
             while (request := frames.take()) is not None:
+                passing = isinstance(request, Piece) or passing and not isinstance(request, Passed)
                 yield request
+            if frames.unread or passing:
+                begun = begun or time.monotonic()
+                timeout = begun + self.request_timeout - time.monotonic()
+            else:
+                begun = None
+                timeout = self.hold_timeout if session.holds else None
+            try:
+                if timeout is not None and timeout <= 0:
+                    raise TimeoutError
+                client.settimeout(timeout)
+                data = client.recv(CHUNK)
+            except TimeoutError:
+                if begun is not None:
+                    raise ValueError(f"tcp-proxy: no whole request within "
+                                     f"{self.request_timeout:g} s") from None
+                self.lending.expire(session, f"held its connection {self.hold_timeout:g} s "
+                                             f"without a request")
+                continue
+            except OSError:   # a reset: as at EOF
+                return
+            if not data:
+                return
+            frames.feed(data)
 
     def next_request(self, client, requests):
         """The client's next whole request; None at EOF, or after one the framing cannot read
@@ -114,6 +151,10 @@ class SessionProxy(FramedProxy):
             if time.monotonic() < deadline:
                 raise   # a silence longer than reply_timeout: the socket's own "timed out"
             raise TimeoutError(f"no whole reply within {self.exchange_timeout:g} s") from None
+
+    def close(self):
+        self.lending.close_all()   # first: a thread waiting for a connection of its own ends
+        super().close()
 
     def stream(self, session, client, request, requests):
         """A request that made the client's connection a stream, and the client's requests

@@ -29,8 +29,8 @@ import time
 import weakref
 
 from ground.frames import Frames, Head, Passed, rest_of
-from ground.server import shutdown
-from ground.session import OWN
+from ground.server import ready, shutdown
+from ground.session import POOLED
 from tcp_proxy import OutOfStep
 
 HANG_UP = getattr(select, "POLLRDHUP", 0)   # poll()'s "the peer has stopped sending" (Linux)
@@ -49,11 +49,14 @@ class Lending:
         self.framing = framing
         self.carries = weakref.WeakKeyDictionary()   # connection -> the state its sync left
         self.held = {}       # session -> the connection its client holds (a transaction)
-        self.own = 0         # connections of a client's own (a wait, a stream) open now
+        self.own = 0         # connections of a client's own open now (held, lent, or idle)
+        self.own_idle = []   # such connections between two clients: clean, ready to lend
+        self.waiting = 0     # requests waiting for one of them (the stats show it)
+        self.closing = False   # the pool is closing: nobody waits for one any more
         self.dedicated = 0   # such connections ever opened (the tests read it)
         self.learned = None  # what the pool read of its server, once (facts())
         self.refusals = collections.Counter()   # command -> requests its sessions refused
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()   # checkin_own() notifies it: one may be free
         self.ids = itertools.count(1)
 
     def next_id(self):
@@ -108,31 +111,38 @@ class Lending:
             if passing.begun:   # a reply half given cannot be taken back: the client's ends too
                 shutdown(client)
             return self.framing.error(f"upstream: {error}")
+        except ValueError as error:   # the client's long request: malformed, or too slow
+            if holding:   # half a request went up: the connection is closed, never lent
+                session.lost()
+            return self.framing.error(str(error))
         except Refused as error:
             return self.framing.error(f"tcp-proxy: {error}")
         finally:
             if sock:   # a connection that failed or is out of step is never lent again
                 self.give_back(session, sock, outcome)
 
-    # --- which connection: held, its own, or a checkout; and where it goes after
+    # --- which connection: the shared pool's, or one of the client's own; and after
 
     def lend(self, session):
-        if session.lease == OWN:
-            return self.open_own()
+        """A pooled request: a checkout from the shared pool. A transaction's (HELD), a wait's
+        or a long request's (OWN): the connection the client holds, else one of its own, so
+        that no client can keep the shared pool's connections from the others."""
+        if session.lease == POOLED:
+            return self.pool.checkout()
         with self.lock:
             held = self.held.pop(session, None)
-        return held or self.pool.checkout()
+        return held or self.checkout_own()
 
     def give_back(self, session, sock, outcome):
-        """The client keeps a connection its session holds; its own one is closed; any other
-        is checked in (parked or closed, by the outcome)."""
-        if session.lease == OWN:
-            self.close_own(sock)
+        """The client keeps a connection its session holds; any other goes back where it came
+        from (parked, or closed, by the outcome)."""
+        if session.lease == POOLED:
+            self.pool.checkin(sock, outcome)
         elif outcome == "released" and session.holds:
             with self.lock:
                 self.held[session] = sock
         else:
-            self.pool.checkin(sock, outcome)
+            self.checkin_own(sock, outcome)
 
     def close(self, session):
         """Close the connection a session's client held (it has gone, or the pool's own
@@ -140,47 +150,78 @@ class Lending:
         with self.lock:
             sock = self.held.pop(session, None)
         if sock:
-            self.pool.checkin(sock, "discarded")
+            self.checkin_own(sock, "discarded")
 
-    def open_own(self):
-        """A connection for one client's wait or stream, never pooled: within the framing's
-        dedicated_cap, else Refused (the client is told; nothing is sent)."""
-        cap = self.framing.dedicated_cap
+    def expire(self, session, why):
+        """The client held its connection too long without a request: it is closed, and the
+        rest of the client's transaction is refused, saying why."""
+        self.close(session)
+        session.lost(why)
+
+    def checkout_own(self):
+        """A connection of a client's own, never lent to another while it is (a transaction's,
+        a wait's, a stream's): one left clean by the last, or a new one within the framing's
+        dedicated_cap, or the next one free within checkout_timeout; else Refused, naming the
+        cap (the client is told; nothing is sent)."""
+        cap, patience = self.framing.dedicated_cap, self.pool.checkout_timeout
         with self.lock:
-            if self.own >= cap:
-                raise Refused(f"no connection of its own for this request: the pool's {cap} "
-                              f"dedicated connections are all in use")
+            self.waiting += 1
+            try:
+                free = self.lock.wait_for(lambda: self.own_idle or self.own < cap or
+                                          self.closing, patience)
+            finally:
+                self.waiting -= 1
+            if not free:
+                raise Refused(f"no connection of its own free within {patience:g} s: the "
+                              f"pool's {cap} dedicated connections are all in use")
+            if self.closing:
+                raise ConnectionAbortedError("proxy closed")
+            while self.own_idle:
+                sock = self.own_idle.pop()
+                if not ready(sock, timeout=0):   # it has said nothing since its last reply
+                    return sock
+                self.own -= 1   # bytes nobody asked for, or an EOF: closed, its place free
+                self.pool.forget(sock)
             self.own += 1
             self.dedicated += 1
         try:
             return self.pool.connect(self.pool.upstream_addr, self.pool.reply_timeout)
         except BaseException:
-            with self.lock:
-                self.own -= 1
+            self.checkin_own(None, "discarded")
             raise
 
-    def close_own(self, sock):
+    def close_all(self):
+        """The pool is closing: whoever waits for a connection of its own stops waiting."""
         with self.lock:
-            self.own -= 1
-        self.pool.forget(sock)
+            self.closing = True
+            self.lock.notify_all()
+
+    def checkin_own(self, sock, outcome):
+        """A connection of a client's own, done with: kept for the next if it was released
+        (its reply whole and in step, nothing held), else closed."""
+        with self.lock:
+            if outcome == "released":
+                self.own_idle.append(sock)
+            else:
+                self.own -= 1
+                if sock is not None:
+                    self.pool.forget(sock)
+            self.lock.notify()
+        self.pool.count(outcome)   # counted as the shared pool's checkins are
 
     # --- the state sync, the wait, the pool's own requests
 
     def send(self, sock, data, client=None, rest=None):
         """A request (with the sync before it) in one write; then the rest of a long request,
-        each piece as the client sends it, its silences bounded by reply_timeout."""
+        each piece as the client sends it (within the pool's request_timeout: a ValueError
+        past it, from the client's requests)."""
         sock.sendall(data)
-        if rest is None:
-            return
-        client.settimeout(self.pool.reply_timeout)   # a silence: recv() gives b"", rest ends
-        try:
-            for piece in rest:
-                sock.sendall(piece)
-                if isinstance(piece, Passed):
-                    return
-        finally:
-            client.settimeout(None)
-        raise ConnectionAbortedError("the client left in the middle of its request")
+        for piece in rest or ():
+            sock.sendall(piece)
+            if isinstance(piece, Passed):
+                return
+        if rest is not None:
+            raise ConnectionAbortedError("the client left in the middle of its request")
 
     def read_synced(self, sock, session, sync):
         """The replies to a sync, each checked (session.synced()); the bytes read past them."""

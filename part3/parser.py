@@ -343,8 +343,8 @@ class Parser:
     def _inline(self, buffer):
         """An inline command: one line, ended by b"\\n" or b"\\r\\n", with no other b"\\r" in it."""
         end = buffer.find(b"\n", self.searched)
-        if not self.over and self.dropped + (len(buffer) if end < 0 else end) > MAX_INLINE:
-            self._too_long(f"an inline command longer than {MAX_INLINE} bytes")
+        if self.dropped + (len(buffer) if end < 0 else end) > MAX_INLINE:   # refused at once,
+            raise ValueError(f"an inline command longer than {MAX_INLINE} bytes")   # as redis does
         if end < 0:
             self.searched = len(buffer)
             return None

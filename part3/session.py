@@ -160,7 +160,8 @@ class RedisSession(PoolAnswers, Session):
     monitoring = property(lambda self: self.mode == "monitoring")
 
     def admit(self, request):
-        if self.mode in ROUTINE and self.framing.forwards_plainly(request):
+        if self.mode in ROUTINE and type(request) is bytes and \
+                self.framing.forwards_plainly(request):
             self.lease, self.wait = HELD if self.mode in HOLDING else POOLED, None
             return None   # the common case: its name says so, and no words are split
         if self.mode == "quitting":   # nothing is answered: the connection is ending
@@ -194,6 +195,8 @@ class RedisSession(PoolAnswers, Session):
             return self.refuse(f"{shown(name)} too long to pass on: the pool passes on only a "
                                f"long request it forwards as it is, and keeps {len(request)} bytes")
         if action == commands.FORWARD:
+            if isinstance(request, Head):   # its pieces come as the client sends them: on a
+                self.lease = HELD if self.holds else OWN   # connection no other client needs
             return None
         queued = self.mode in QUEUEING
         if self.mode == "doomed" and name == b"EXEC":   # as redis-server ends a transaction it
@@ -296,11 +299,12 @@ class RedisSession(PoolAnswers, Session):
         self.move("doomed")
         return self.refuse(reason)
 
-    def lost(self):
+    def lost(self, why="lost its connection"):
         """The connection the client's mode was on is gone: a stream ends; the rest of a
-        transaction is refused up to its end, since its MULTI or WATCH went with it."""
+        transaction is refused up to its end (saying why), since its MULTI or WATCH went with
+        it."""
         if self.holds:
-            self.refusing_why = "lost its connection"
+            self.refusing_why = why
         self.move("lost")
         self.subscribed = {b"": 0, b"s": 0}
 

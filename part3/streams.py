@@ -22,7 +22,7 @@ def serve(lending, session, client, request, requests):
     them), the client leaves or asks to end; then it is closed, never pooled. Before the
     pool answers anything itself, a barrier: every reply owed has reached the client."""
     try:
-        sock = lending.open_own()
+        sock = lending.checkout_own()
     except Refused as error:
         session.lost()
         client.sendall(lending.framing.error(f"tcp-proxy: {error}"))
@@ -63,7 +63,7 @@ def serve(lending, session, client, request, requests):
     finally:
         if relay:
             relay.stop()
-        lending.close_own(sock)
+        lending.checkin_own(sock, "discarded")   # a stream's: never lent again
         if session.streams:   # the upstream ended it: the subscriber is told by its end
             session.lost()
             shutdown(client)

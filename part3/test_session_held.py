@@ -6,6 +6,7 @@ import time
 import pytest
 
 from part3.conftest import POOL_KINDS, Client, make_pool, server_clients, wait_for
+from part3.framed import SessionProxy
 from part3.resp import RESP, Resp
 
 
@@ -63,8 +64,7 @@ def test_a_request_the_pool_refuses_inside_multi_dooms_the_transaction_and_nothi
         assert replies[2].startswith(b"-ERR tcp-proxy: SELECT is the pool's to answer")
         assert replies[3:] == [b"-EXECABORT Transaction discarded because of previous errors.\r\n",
                                b"$-1\r\n"]
-        if pool_kind == "SessionProxy":   # its pool's counters
-            assert (proxy.opened, proxy.discarded) == (2, 1)   # the doomed one closed
+        assert (proxy.lending.dedicated, proxy.lending.own) == (1, 0)   # the doomed one closed
 
 
 @pytest.mark.parametrize("pool_kind", POOL_KINDS)
@@ -79,8 +79,7 @@ def test_a_subscribe_inside_a_transaction_dooms_it_and_after_watch_is_refused_un
         assert replies[1].startswith(b"-ERR tcp-proxy: SUBSCRIBE inside a transaction")
         assert replies[2].startswith(b"-EXECABORT")
         assert replies[4].startswith(b"-ERR tcp-proxy: SUBSCRIBE while WATCH holds the connection")
-        streams = 0 if pool_kind == "SessionProxy" else 2   # ManagedProxy's: each transaction's
-        assert proxy.lending.dedicated == streams   # own connection; no stream's
+        assert proxy.lending.dedicated == 2   # each transaction's own connection; no stream's
 
 
 @pytest.mark.parametrize("pool_kind", POOL_KINDS)
@@ -90,8 +89,7 @@ def test_reset_ends_a_transaction_by_closing_its_connection_and_the_session_star
         client = clients(proxy.addr)
         assert client.ask("HELLO 3", "SELECT 3", "MULTI", "SET k 1", "RESET", "GET k")[2:] == \
             [b"+OK\r\n", b"+QUEUED\r\n", b"+RESET\r\n", b"$-1\r\n"]   # RESP2 and db 0 again
-        if pool_kind == "SessionProxy":   # its pool's counters
-            assert proxy.discarded == 1
+        assert (proxy.lending.dedicated, proxy.lending.own) == (1, 0)   # closed, never lent
     assert control.command("SELECT 3") == b"+OK\r\n" and control.command("GET k") == b"$-1\r\n"
 
 
@@ -107,9 +105,11 @@ def test_a_blocking_command_waits_on_a_connection_of_its_own_while_the_pool_serv
         wait_for(lambda: any(" cmd=blpop " in c for c in server_clients(control)), "the wait")
         assert other.ask("RPUSH q job") == [b":1\r\n"]
         assert waiter.read() == b"*2\r\n$1\r\nq\r\n$3\r\njob\r\n"
-        if pool_kind == "SessionProxy":   # its pool's counters
-            assert (proxy.opened, proxy.lending.dedicated) == (2, 1)
-        wait_for(lambda: len(server_clients(control)) == 1, "its own connection closed")
+        if pool_kind == "SessionProxy":   # its own connection, clean, kept for the next wait
+            assert (proxy.opened, proxy.lending.dedicated, len(proxy.lending.own_idle)) == \
+                (2, 1, 1)
+        else:
+            wait_for(lambda: len(server_clients(control)) == 1, "its own connection closed")
 
 
 @pytest.mark.parametrize("pool_kind", POOL_KINDS)
@@ -137,13 +137,20 @@ def test_a_client_that_leaves_while_its_command_waits_has_that_connection_closed
 @pytest.mark.parametrize("pool_kind", POOL_KINDS)
 def test_connections_of_their_own_are_bounded_and_past_the_bound_a_clear_error_says_so(
         redis, control, clients, pool_kind):
-    with make_pool(pool_kind, redis, framing=Resp(dedicated_cap=1)) as proxy:
+    framing = Resp(dedicated_cap=1)
+    if pool_kind == "SessionProxy":   # one waits for a free one, checkout_timeout at most
+        pool = SessionProxy(redis.addr, framing=framing, checkout_timeout=0.2)
+        refusal = (b"-ERR tcp-proxy: no connection of its own free within 0.2 s: the pool's 1 "
+                   b"dedicated connections are all in use\r\n")
+    else:
+        pool = make_pool(pool_kind, redis, framing=framing)
+        refusal = (b"-ERR tcp-proxy: no connection of its own for this request: the pool's 1 "
+                   b"dedicated connections are all in use\r\n")
+    with pool as proxy:
         first, second = clients(proxy.addr, 2)
         first.send("BLPOP q 0")
         wait_for(lambda: any(" cmd=blpop " in c for c in server_clients(control)), "the wait")
-        assert second.ask("SUBSCRIBE news", "GET k") == [
-            b"-ERR tcp-proxy: no connection of its own for this request: the pool's 1 dedicated "
-            b"connections are all in use\r\n", b"$-1\r\n"]
+        assert second.ask("SUBSCRIBE news", "GET k") == [refusal, b"$-1\r\n"]
         assert second.ask("RPUSH q job") == [b":1\r\n"]
         assert first.read() == b"*2\r\n$1\r\nq\r\n$3\r\njob\r\n"
 
