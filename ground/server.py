@@ -9,7 +9,9 @@ COMMENTARY.md sends them (section 4.2): nothing in a proxy's mechanism reads the
                           every thread and closes every socket
 """
 import contextlib
+import errno
 import math
+import os
 import select
 import socket
 import threading
@@ -57,6 +59,59 @@ def listener(addr, reuse_port=False):
     family = socket.getaddrinfo(*host_and_port(addr), type=socket.SOCK_STREAM)[0][0]
     return socket.create_server(addr, family=family, backlog=LISTEN_BACKLOG,
                                 reuse_port=reuse_port)
+
+
+def out_of_descriptors(error):
+    return error.errno in (errno.EMFILE, errno.ENFILE)
+
+
+def turn_away(conn, message):
+    """Tell a connection there is no room for it, and close it, reading first what it has
+    sent, so the close does not reset the message before its client has read it."""
+    with contextlib.suppress(OSError):
+        conn.setblocking(False)
+        conn.send(message)
+        conn.shutdown(socket.SHUT_WR)
+        while conn.recv(CHUNK):
+            pass
+    conn.close()
+
+
+class Spare:
+    """One descriptor held in reserve, so that a server out of descriptors can still accept
+    the connection waiting, turn it away and close it. Without it, that client waits in the
+    kernel's queue with no answer until a descriptor frees up, and so does the next."""
+
+    def __init__(self):
+        self.held = self._take()
+
+    def turn_away_waiting(self, listener, message):
+        """Give up the spare, accept the connection waiting, turn it away, take the spare
+        again; how many were turned away (0 or 1)."""
+        if self.held is None:   # another thread took the descriptor freed last time
+            self.held = self._take()
+            return 0
+        self.held.close()
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            conn = None
+        if conn is not None:
+            turn_away(conn, message)
+        self.held = self._take()
+        return conn is not None
+
+    @staticmethod
+    def _take():
+        try:
+            return open(os.devnull, "rb")
+        except OSError:
+            return None
+
+    def close(self):
+        if self.held is not None:
+            self.held.close()
+            self.held = None
 
 
 class Hooks:
@@ -114,6 +169,7 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
     counters = {"connections": 0, "opened": 0}
     # connections  accepted on .addr; bumped by the accept loop
     # opened       opened by this object to its upstream; bumped by connect()
+    max_clients = None   # connections served at once (None: no limit); the next is turned away
     # where __init__ listens; None is 127.0.0.1, port 0; a subclass may say ("::1", 0)
     listen_addr = None
     reuse_port = False   # SO_REUSEPORT: copies of this server share its port (ground/workers.py)
@@ -126,7 +182,15 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
         self._threads = []
         self._sockets = set()
         self.closed = False
-        self.listen(self.listen_addr or ("127.0.0.1", 0))
+        self.serving = 0     # connections being served now, within max_clients
+        self.turned_away = 0   # connections told there was no room (max_clients, or no
+        # descriptor to serve them with) and closed: not a hook's counter, read by the stats
+        self._spare = Spare()   # a descriptor to give up when there are no more
+        try:
+            self.listen(self.listen_addr or ("127.0.0.1", 0))
+        except BaseException:   # a listen that fails leaves nothing open
+            self._spare.close()
+            raise
 
     def listen(self, addr):
         """Listen on addr (port 0: a free port, then in .addr) and start accepting."""
@@ -144,15 +208,26 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
         while not self.closed:
             try:
                 conn, _ = self._listener.accept()
-            except OSError:   # close() woke it (then stop), or EMFILE, ENFILE, an aborted connect:
+            except OSError as error:   # close() woke it (then stop), no descriptor, an abort:
+                if out_of_descriptors(error) and not self.closed:   # the one waiting is told
+                    self.count("connections")
+                    with self._lock:
+                        turned = self._spare.turn_away_waiting(self._listener,
+                                                               self.turned_away_message())
+                        self.turned_away += turned
                 time.sleep(0 if self.closed else ACCEPT_BACKOFF)   # rest a moment, go on
+                continue
+            self.count("connections")
+            if self.max_clients is not None and self.serving >= self.max_clients:
+                self.turn_away(conn)
                 continue
             try:   # no error ends the loop: a thread that cannot start costs this one connection
                 self.track(conn)   # after close(), track() shuts it down at once
-                self.count("connections")
+                with self._lock:
+                    self.serving += 1
                 self.spawn(self.serve_connection, conn)
             except Exception:   # RuntimeError, can't start new thread: they free up as clients go
-                self.forget(conn)
+                self._served(conn)
                 time.sleep(ACCEPT_BACKOFF)
 
     def serve_connection(self, conn):
@@ -165,7 +240,22 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
                 except LineTooLong as error:
                     conn.sendall(b"ERR %s\n" % str(error).encode())
         finally:   # whatever went wrong, the client sees its connection end
-            self.forget(conn)
+            self._served(conn)
+
+    def _served(self, conn):
+        with self._lock:
+            self.serving -= 1
+        self.forget(conn)
+
+    def turn_away(self, conn):
+        turn_away(conn, self.turned_away_message())
+        with self._lock:
+            self.turned_away += 1
+
+    def turned_away_message(self):
+        """What a connection turned away is told: nothing here; a pool says it in its
+        protocol (redis-server's "max number of clients reached")."""
+        return b""
 
     def spawn(self, target, *args):
         """Start a thread that close() will join."""
@@ -226,6 +316,7 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
         self._listener.close()
         for sock in self._sockets:   # what outlived its handler: pooled, shared sockets
             sock.close()
+        self._spare.close()
 
     def __exit__(self, *exc_info):
         self.close()

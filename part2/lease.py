@@ -52,6 +52,7 @@ class ManagedLending:
         self.failure = None    # (when, why) the last learning failed
         self.waiters = []      # what to call once the facts are in (or failed)
         self.own = 0           # connections of a client's own open now
+        self.waiting = 0       # requests waiting for one (none: past the cap, one is refused)
         self.dedicated = 0     # such connections ever opened (the tests read it)
 
     def next_id(self):

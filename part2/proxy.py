@@ -31,7 +31,7 @@ from part2.connection import OUT_MAX as UPSTREAM_QUEUED, WINDOW
 from ground.session import HELD
 from part2.pipeline import ClientStream, Entry
 from ground.frames import Head
-from ground.server import LISTEN_BACKLOG, host_and_port
+from ground.server import LISTEN_BACKLOG, Spare, host_and_port, out_of_descriptors, turn_away
 from tcp_proxy import LINES
 
 ACCEPTS_PER_TURN = 64     # connections accepted in one turn; the rest wait for the next
@@ -62,6 +62,7 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
     # failed       errors made from a ManagedError; dropped  clients closed for never reading
     # accept_errors  accepts that failed (out of descriptors): the listener rested, then went on
     listen_addr = None   # None: 127.0.0.1, port 0; a subclass may say ("::1", 0)
+    max_clients = None   # clients served at once (None: no limit); the next is turned away
 
     def __init__(self, services, idempotent=False, framing=LINES, msg_timeout=5.0,
                  msg_timeout_is_fatal=True, **set_options):
@@ -74,6 +75,8 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
         if idempotent:
             self.retried = ManagedSet.RETRIED_BY_IDEMPOTENT_CALL
         self.clients = set()
+        self.turned_away = 0   # clients told there was no room and closed (max_clients)
+        self.spare = Spare()   # a descriptor to give up, to turn one away when there are none
         self.gathered = []   # entries this turn's reads made, placed once the reads are over
         self.closed = False
         try:   # a setting the set refuses, or a listen that fails, leaves nothing open
@@ -85,6 +88,7 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
             family = socket.getaddrinfo(*host_and_port(addr), type=socket.SOCK_STREAM)[0][0]
             self._listener = socket.create_server(addr, family=family, backlog=LISTEN_BACKLOG)
         except BaseException:
+            self.spare.close()
             self.loop.shut_down()
             raise
         self._listener.setblocking(False)
@@ -101,11 +105,18 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
                 sock, _ = self._listener.accept()
             except BlockingIOError:
                 return
-            except OSError:   # out of descriptors, or an aborted connect: rest a moment, go on
+            except OSError as error:   # out of descriptors, or an aborted connect: rest, go on
                 self.count("accept_errors")
+                if out_of_descriptors(error):   # the one waiting is told, not left waiting
+                    message = self.framing.error("max number of clients reached")
+                    self.turned_away += self.spare.turn_away_waiting(self._listener, message)
                 self.loop.unwatch(self._listener)
                 self.loop.at(self.loop.clock.now() + ACCEPT_BACKOFF, self._listen_again)
                 return
+            if self.max_clients is not None and len(self.clients) >= self.max_clients:
+                turn_away(sock, self.framing.error("max number of clients reached"))
+                self.turned_away += 1
+                continue
             try:   # no error ends accepting: this connection is closed, the next is served
                 self.clients.add(ProxyClient(self, sock))
                 self.count("connections")
@@ -143,6 +154,7 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
 
     def _close_on_loop(self):
         self.loop.forget(self._listener)
+        self.spare.close()
         self.managed_set.shut_down()   # first: a client owed a reply gets an error instead
         for client in list(self.clients):
             client.flush()   # one last send, the errors included: whatever fits, goes

@@ -202,23 +202,29 @@ def test_a_client_connection_that_cannot_be_set_up_is_closed_and_the_next_is_ser
         assert (made, proxy.connections, proxy.loop.handler_errors) == (["failed"], 1, 0)
 
 
-def test_an_accept_that_fails_for_want_of_descriptors_rests_the_listener_and_the_client_is_served():
-    if not os.path.isdir("/proc/self/fd"):
-        pytest.skip("needs /proc to count the descriptors in use")
+def test_a_client_that_finds_no_descriptor_is_turned_away_at_once_and_the_next_is_served():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with FaultyUpstream() as upstream, ManagedProxy([(upstream.addr, 1)]) as proxy:
         assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]   # the upstream connection is open
+        client = socket.socket()   # its descriptor taken now: the proxy's accept finds none
+        fillers = []
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 1, hard))
-            # the last one
-            client = socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout)
-            proxy.wait_accept_errors(1)   # accept() found no descriptor for it
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 4096), hard))
+            with contextlib.suppress(OSError):
+                while True:   # every descriptor this process may have, taken
+                    fillers.append(open(os.devnull, "rb"))
+            client.settimeout(Hooks.hook_timeout)
+            client.connect(proxy.addr)
+            # told at once, with the proxy's spare descriptor: not left in the kernel's queue
+            assert client.recv(4096) == b"ERR max number of clients reached\n"
+            assert client.recv(1) == b""
         finally:
+            for filler in fillers:
+                filler.close()
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        with client:
-            client.sendall(b"GET b\n")
-            assert client.recv(4096) == b"b=BBBBBBBBBBBB\n"   # once the listener has rested
-        assert proxy.connections == 2 and proxy.loop.handler_errors == 0
+            client.close()
+        assert ask(proxy.addr, ["GET b"]) == ["b=BBBBBBBBBBBB"]   # once the listener has rested
+        assert proxy.turned_away == 1 and proxy.loop.handler_errors == 0
 
 
 # --- upstream failures, and replies out of step -----------------------------------------------

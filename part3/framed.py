@@ -156,6 +156,9 @@ class SessionProxy(FramedProxy):
         self.lending.close_all()   # first: a thread waiting for a connection of its own ends
         super().close()
 
+    def turned_away_message(self):
+        return self.framing.error("max number of clients reached")   # redis-server's words
+
     def stream(self, session, client, request, requests):
         """A request that made the client's connection a stream, and the client's requests
         from then on, until it ends (part3/streams.py)."""

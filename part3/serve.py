@@ -23,9 +23,11 @@ pool's counters, then closes it, as twemproxy's stats port does.
     main(argv)     parse, build, print the address, wait for a signal, close
 """
 import argparse
+import contextlib
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 
@@ -36,6 +38,8 @@ from ground.server import Server
 
 SERVE_LOG = logging.getLogger("part3.serve")
 SIGNALS = {signal.SIGINT, signal.SIGTERM}
+DEDICATED = 64        # connections of a client's own, by default: an rq worker holds two
+RESERVED_FILES = 32   # descriptors kept for the pool itself: listeners, the loop's, logs
 
 
 def address(text):
@@ -65,7 +69,9 @@ class Stats(Server):
 
 def counters_of(pool):
     """What a pool counts, by name: its own counters, and for ManagedProxy its set's and the
-    sum of its clients'; then the requests its sessions refused, by command (refused.KEYS)."""
+    sum of its clients'; the clients turned away (no room); the connections of a client's
+    own (open, idle, and requests waiting for one); then the requests its sessions refused,
+    by command (refused.KEYS)."""
     found = {name: getattr(pool, name) for name in pool.counters}
     if isinstance(pool, ManagedProxy):
         managed_set = pool.managed_set
@@ -77,7 +83,11 @@ def counters_of(pool):
                     found[key] = found.get(key, 0) + getattr(client, name)
     else:
         found.update(idle=len(pool.idle), open=pool.open)
-    for command, count in sorted(pool.lending.refusals.items()):
+    lending = pool.lending
+    found.update({"clients.turned_away": pool.turned_away, "dedicated.open": lending.own,
+                  "dedicated.idle": len(getattr(lending, "own_idle", ())),
+                  "dedicated.waiting": lending.waiting})
+    for command, count in sorted(lending.refusals.items()):
         found[f"refused.{command}"] = count
     return found
 
@@ -98,18 +108,39 @@ def log_transitions(source, event):
         SERVE_LOG.warning("upstream connection down: %s", event[3])
 
 
-def build_pool(options, environ=os.environ):
+def open_files():
+    """This process's limit on open files, raised first to the most it may have (its hard
+    limit), as redis-server raises its own."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):   # a limit the system will not give
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def max_clients(options, files):
+    """--max-clients, or by default what the file limit leaves after the pool's upstream
+    connections, its clients' connections of their own, and its own (RESERVED_FILES)."""
+    if options.max_clients is not None:
+        return options.max_clients
+    return max(files - options.size - options.dedicated - RESERVED_FILES, 1)
+
+
+def build_pool(options, environ=os.environ, files=None):
     """The pool, and whatever the start-up check of its upstream user said (acl.confine())."""
     framing, said = acl.confine(options.upstream, allow=options.allow, user=options.user,
                                 password=environ.get("POOL_PASSWORD") or None,
                                 upstream_user=options.upstream_user,
-                                upstream_password=environ.get("UPSTREAM_PASSWORD") or None)
+                                upstream_password=environ.get("UPSTREAM_PASSWORD") or None,
+                                dedicated_cap=options.dedicated)
     if said:
         SERVE_LOG.warning("%s", said)
+    where = {"listen_addr": options.listen,
+             "max_clients": max_clients(options, files or open_files())}
     if options.kind == "framed":
-        kind = type("Served", (LoggedSessionProxy,), {"listen_addr": options.listen})
+        kind = type("Served", (LoggedSessionProxy,), where)
         return kind(options.upstream, pool_cap=options.size, framing=framing)
-    kind = type("Served", (ManagedProxy,), {"listen_addr": options.listen})
+    kind = type("Served", (ManagedProxy,), where)
     return kind([(options.upstream, options.size)], framing=framing, on_event=log_transitions)
 
 
@@ -125,6 +156,14 @@ def parse(argv, environ=os.environ):
                              "requests pipelined on the loop (ManagedProxy)")
     parser.add_argument("--size", type=int, default=8,
                         help="upstream connections: the pool's cap, or the set's per service")
+    parser.add_argument("--dedicated", type=int, default=DEDICATED,
+                        help="connections of a client's own at once (a transaction's, a wait's, "
+                             "a stream's, a long request's), past which a request waits for one "
+                             "(5 s at most), then is refused (default %(default)s)")
+    parser.add_argument("--max-clients", type=int, default=None,
+                        help="clients served at once; the next is told 'max number of clients "
+                             "reached' and closed (default: what the limit on open files "
+                             "leaves after the pool's own connections)")
     parser.add_argument("--allow", nargs="*", default=(), metavar="NAME",
                         help="commands the pool's policy refuses that it should pass (FLUSHDB)")
     parser.add_argument("--stats", type=address, default=None,
