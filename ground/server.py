@@ -87,9 +87,12 @@ class Spare:
 
     def turn_away_waiting(self, listener, message):
         """Give up the spare, accept the connection waiting, turn it away, take the spare
-        again; how many were turned away (0 or 1)."""
+        again; how many were turned away (0 or 1). An accept with no descriptor fails before
+        it looks for a connection, so none may be waiting: then nothing is done."""
         if self.held is None:   # another thread took the descriptor freed last time
             self.held = self._take()
+            return 0
+        if not ready(listener, timeout=0):
             return 0
         self.held.close()
         try:
@@ -210,10 +213,9 @@ class Server(Hooks, contextlib.AbstractContextManager):   # which supplies `with
                 conn, _ = self._listener.accept()
             except OSError as error:   # close() woke it (then stop), no descriptor, an abort:
                 if out_of_descriptors(error) and not self.closed:   # the one waiting is told
-                    self.count("connections")
+                    turned = self._spare.turn_away_waiting(self._listener,
+                                                           self.turned_away_message())
                     with self._lock:
-                        turned = self._spare.turn_away_waiting(self._listener,
-                                                               self.turned_away_message())
                         self.turned_away += turned
                 time.sleep(0 if self.closed else ACCEPT_BACKOFF)   # rest a moment, go on
                 continue
