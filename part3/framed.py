@@ -156,6 +156,9 @@ class SessionProxy(FramedProxy):
         self.lending.close_all()   # first: a thread waiting for a connection of its own ends
         super().close()
 
+    def upstream_lost(self, sock, error):
+        """An upstream connection is closed after an error (error): a subclass may log it."""
+
     def turned_away_message(self):
         return self.framing.error("max number of clients reached")   # redis-server's words
 

@@ -106,6 +106,8 @@ class Lending:
             return reply
         except (OutOfStep, OSError) as error:
             outcome = "dirty" if isinstance(error, OutOfStep) else "discarded"
+            if sock:
+                self.pool.upstream_lost(sock, error)
             if holding:
                 session.lost()   # the connection its transaction was on: the rest is refused
             if passing.begun:   # a reply half given cannot be taken back: the client's ends too

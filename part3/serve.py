@@ -93,13 +93,13 @@ def counters_of(pool):
 
 
 class LoggedSessionProxy(SessionProxy):
-    """SessionProxy that logs each upstream connection it closes after an error."""
-    ERRORS = {"discarded": "an error or a hang-up", "dirty": "the upstream was out of step"}
+    """SessionProxy that logs each upstream connection it closes after an error, once, by
+    its own port, and why."""
 
-    def count(self, name, amount=1):
-        super().count(name, amount)
-        if name in self.ERRORS:
-            SERVE_LOG.warning("upstream connection closed: %s", self.ERRORS[name])
+    def upstream_lost(self, sock, error):
+        with contextlib.suppress(OSError):   # a socket already shut has no name to give
+            port = sock.getsockname()[1]
+            SERVE_LOG.warning("upstream connection from port %s closed: %s", port, error)
 
 
 def log_transitions(source, event):
