@@ -5,7 +5,12 @@ read it: what it adds to FramedProxy is what a real protocol needs, and Part one
     SessionProxy   handle() through each client's session and the pool's lender
                    (part3/lending.py), a stream through part3/streams.py; a request or a
                    reply too long to keep in pieces; a client that cannot be framed drained;
-                   one deadline for a whole reply
+                   a deadline for each request's arrival, each whole reply, each idle hold;
+                   past its client limit, a client told so
+
+The order a request takes: requests() (framed, within request_timeout) -> next_request() ->
+Lending.serve(): the session admits it, the lender lends a connection, exchange() -> the
+reply to the client. What FramedProxy's own handle() and requests() did, these do instead.
 """
 import contextlib
 import socket
@@ -32,7 +37,8 @@ class SessionProxy(FramedProxy):
     (MULTI, WATCH) is taken from it after hold_timeout (30 s) without a request, and the rest
     of its transaction refused, saying why.
 
-    Methods a subclass may override: FramedProxy's (serve's LoggedSessionProxy counts)."""
+    Methods a subclass may override: FramedProxy's, and upstream_lost(sock, error) (serve's
+    LoggedSessionProxy logs each connection closed after an error)."""
     drain_timeout = 5.0   # seconds a client whose bytes cannot be framed is read, after its error
 
     def __init__(self, upstream_addr, pool_cap=1, framing=RESP, exchange_timeout=10.0,
