@@ -1,8 +1,8 @@
 """pictures.draw_part3: Part three's pictures; a reader of the lesson need not read it. Each is
 drawn from the events part3_demo's own scenarios made (pictures/record.py):
 
-    part3-redis-line-pool.svg       scenarios 2 and 4, TrustingPool by line as borrows(),
-                                    FramedProxy by RESP's tally
+    part3-redis-line-pool.svg       scenarios 2 and 4, borrows(): TrustingPool by line, then
+                                    SessionProxy by RESP, a row per client of the crowd
     part3-tagged-out-of-order.svg   scenario 5, ids out in order and replies back out of it,
                                     a sequence()
     part3-head-of-line.svg          scenario 6, a held key with ids, a sequence(), then the
@@ -15,51 +15,84 @@ from pictures.svg import GREEN, RED, borrows, sequence, split, titled
 from scaffolding.kit import CLIENT_NAMES
 
 
-def redis_rows(reads):
-    """svg.borrows' rows for one connection's reads, each read's bytes in the colour of the borrower
-    whose reply they are: what the pool read (each reply, then the last read's rest) is cut into
-    Redis's replies, the n-th the n-th borrower's, as Redis answers in order."""
+WHOLE = "its whole reply"   # a read's verdict: one reply, all of it, and its own
+
+
+def redis_exchanges(reads):
+    """(read, the pieces (owner, bytes, wrong) it got, verdict) per read of one connection: what
+    the pool read (each reply, then the last read's rest) is cut into Redis's replies, the n-th
+    the n-th read's, as Redis answers a connection in order; a piece of another read's is wrong."""
     stream = b"".join(read.reply for read in reads) + reads[-1].rest
-    replies, end = [], 0
+    replies, end = [], 0   # (the index of the read whose reply it is, its bytes)
     # past the last reply a read touched: the scheduler's
     while end < len(stream) - len(reads[-1].rest):
         size = parser.reply_size(stream[end:])
-        replies.append((reads[len(replies)].client, stream[end:end + size]))
+        replies.append((len(replies), stream[end:end + size]))
         end += size
-    rows = []
-    for read, took in zip(reads, split(replies, [len(read.reply) for read in reads])):
-        others = sorted({owner for owner, _ in took} - {read.client})
+    exchanges = []
+    for index, took in enumerate(split(replies, [len(read.reply) for read in reads])):
+        read = reads[index]
+        others = sorted({reads[owner].client for owner, _ in took if owner != index})
         if others:
             verdict = f"WRONG: bytes of {', '.join(others)}'s reply"
         elif parser.reply_size(read.reply) == len(read.reply):
-            verdict = "its whole reply"
+            verdict = WHOLE
         else:
             verdict = "cut: only the first line of its reply"
-        got = [(owner, data, owner != read.client) for owner, data in took]
-        rows.append((read.client, read.request, got, verdict,
-                     GREEN if verdict == "its whole reply" else RED))
+        exchanges.append((read, [(reads[owner].client, data, owner != index)
+                                 for owner, data in took], verdict))
+    return exchanges
+
+
+def redis_rows(exchanges, by_client=False):
+    """svg.borrows' rows from redis_exchanges(): a row per read, or by_client a row per client
+    connection, by the clients' names, its reads in its order. A row's verdict is the first of its
+    reads' that is not WHOLE, else WHOLE ("each" first, for more than one read)."""
+    grouped = {}
+    for exchange in exchanges:
+        grouped.setdefault(exchange[0].via if by_client else len(grouped), []).append(exchange)
+    if by_client:   # the order they came in is the scheduler's
+        grouped = dict(sorted(grouped.items(), key=lambda item: item[1][0][0].client))
+    rows = []
+    for group in grouped.values():
+        faults = [verdict for *_, verdict in group if verdict != WHOLE]
+        verdict = faults[0] if faults else ("each " if len(group) > 1 else "") + WHOLE
+        rows.append((group[0][0].client, [(read.request, got) for read, got, _ in group],
+                     verdict, RED if faults else GREEN))
     return rows
+
+
+def plural(count, noun):
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def draw_redis_line_pool(runs):
     svg, y = titled("Part three, scenarios 2 and 4: a pool in front of a real redis-server, "
                     "framed by line and by RESP")
-    line_rows = redis_rows([e for e in runs["line_pool"] if isinstance(e, RedisRead)])
-    bottom = borrows(svg, y + 14, "TrustingPool, framing=LINES: the reply ends at the first \\n",
+    line_reads = [e for e in runs["line_pool"] if isinstance(e, RedisRead)]
+    bottom = borrows(svg, y + 14,
+                     f"{line_reads[0].pool}, framing=LINES: the reply ends at the first \\n",
                      "the bytes read past it stay on the connection for the next borrower",
-                     line_rows)
+                     redis_rows(redis_exchanges(line_reads)))
     reads = [e for e in runs["resp_pool"] if isinstance(e, RedisRead)]
-    # a read that took one whole reply and nothing past it:
-    # Redis answering in order, the borrower's own
-    whole = [parser.reply_size(read.reply) == len(read.reply) and not read.rest for read in reads]
-    # the clients that came after A
-    crowd = [ok for read, ok in zip(reads, whole) if read.via != reads[0].via]
-    svg.text(16, bottom + 18,
-             f"FramedProxy, framing=RESP: {reads[0].client}'s {len(reads) - len(crowd)} requests, "
-             f"then {len(crowd)} GETs from {len({read.via for read in reads}) - 1} clients "
-             f"at once: each its own whole reply, {sum(crowd)}/{len(crowd)}, "
-             f"over {len({read.connection for read in reads})} upstream "
-             "connection", 13, GREEN if all(whole) else RED, bold=True)
+    exchanges = redis_exchanges(reads)
+    # the first client's requests, one after another, then the other clients' at once
+    first = reads[0].client
+    alone = [e for e in exchanges if e[0].via == reads[0].via]
+    crowd = [e for e in exchanges if e[0].via != reads[0].via]
+    crowd_clients = plural(len({read.via for read, *_ in crowd}), "client")
+    bottom = borrows(svg, bottom + 22,
+                     f"{reads[0].pool}, framing=RESP: the reply ends where RESP's lengths say",
+                     f"{first} alone, one request after another, then below {crowd_clients} "
+                     "at once; "
+                     f"{plural(len({read.connection for read in reads}), 'upstream connection')}"
+                     " in all", redis_rows(alone))
+    # the demo names the crowd A, B, ... afresh
+    another = any(read.client == first for read, *_ in crowd)
+    borrows(svg, bottom + 10, f"{plural(len(crowd), 'request')} from {crowd_clients} at once",
+            "a row per client, its requests in its own order; the pool took them in turns, "
+            "as they came" + (f"; this {first} is another client" if another else ""),
+            redis_rows(crowd, by_client=True))
     return svg
 
 
