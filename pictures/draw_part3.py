@@ -4,14 +4,14 @@ drawn from the events part3_demo's own scenarios made (pictures/record.py):
     part3-redis-line-pool.svg       scenarios 2 and 4, borrows(): TrustingPool by line, then
                                     SessionProxy by RESP, a row per client of the crowd
     part3-tagged-out-of-order.svg   scenario 5, ids out in order and replies back out of it,
-                                    a sequence()
+                                    a sequence() through TaggedClient, its reader's hand-offs
     part3-head-of-line.svg          scenario 6, a held key with ids, a sequence(), then the
                                     untagged twin's byte strip
     part3-late-reply.svg            scenario 7, a late reply dropped by its id, a sequence()
 """
 from part3 import parser, tagged
 from pictures.record import Got, RedisRead, Returned, TaggedSent, Waited, record_part3
-from pictures.svg import GREEN, RED, borrows, sequence, split, titled
+from pictures.svg import GREEN, RED, borrows, sequence, split, text_width, titled, visible
 from scaffolding.kit import CLIENT_NAMES
 
 
@@ -103,23 +103,35 @@ def call_of(line):
     return request_id, rest, CLIENT_NAMES[request_id - 1]
 
 
-def tagged_picture(events, *lines):
+def tagged_picture(events, *lines, hand_offs=False):
     """`lines` (the title first), then one TaggedClient's scenario as a sequence, a lane per call:
     each request sent, call given up and reply taken, as logged; a reply goes to the call its id
-    names, red unless that call returned it, or if it gave up, no further than the client. Then the
-    replies' ids in order, and connections."""
+    names, red unless that call returned it, or if it gave up, no further than the client. With
+    hand_offs, a request goes from its caller to the client, which sends it with its id, and a
+    reply to the client, whose reader hands the call what it returned. Then the replies' ids in
+    order, and connections."""
     returned = {call_of(e.line)[0]: e.outcome for e in events if isinstance(e, Returned)}
     rows = []
     for event in (e for e in events if isinstance(e, (TaggedSent, Returned, Got))):
         request_id, rest, name = call_of(event.line)
         gave_up = isinstance(returned[request_id], str)
-        if isinstance(event, TaggedSent):
+        if isinstance(event, TaggedSent) and hand_offs:   # the caller's line is the rest of it
+            rows += [("arrow", name, "TaggedClient", rest + b"\n", name, False, ""),
+                     ("arrow", "TaggedClient", "TaggedUpstream", event.line, name, False, "")]
+        elif isinstance(event, TaggedSent):
             rows.append(("arrow", name, "TaggedUpstream", event.line, name, False, ""))
         elif isinstance(event, Returned) and gave_up:
             rows.append(("note", name, f"{name} gives up: {event.outcome}", name, True, ""))
         elif isinstance(event, Got) and gave_up:
             rows.append(("arrow", "TaggedUpstream", "TaggedClient", event.line + b"\n", name, True,
                          f"id {request_id}: no call is owed it any more: dropped"))
+        elif isinstance(event, Got) and hand_offs:
+            # drawn as the reader took it: the call returns it after, when its thread wakes
+            wrong = returned[request_id] != rest + b"\n"
+            rows += [("arrow", "TaggedUpstream", "TaggedClient", event.line + b"\n", name, False,
+                      ""),
+                     ("arrow", "TaggedClient", name, returned[request_id], name, wrong,
+                      f"the reader: id {request_id} is {name}'s call")]
         elif isinstance(event, Got):
             wrong = returned[request_id] != rest + b"\n"
             rows.append(("arrow", "TaggedUpstream", name, event.line + b"\n", name, wrong, ""))
@@ -127,6 +139,12 @@ def tagged_picture(events, *lines):
     names = sorted(call_of(e.line)[2] for e in events if isinstance(e, TaggedSent))
     lanes = {name: 100 + index * 130 for index, name in enumerate(names)}
     lanes.update(TaggedClient=lanes[names[-1]] + 150, TaggedUpstream=lanes[names[-1]] + 380)
+    if hand_offs:   # each label clear of the lane past it: a label starts 12 right of its arrow's
+        def gap(lane):
+            return 40 + max(text_width(visible(row[3]), 13) for row in rows
+                            if row[0] == "arrow" and lane in row[1:3])
+        lanes["TaggedClient"] = lanes[names[-1]] + gap(names[-1])
+        lanes["TaggedUpstream"] = lanes["TaggedClient"] + gap("TaggedUpstream")
     bottom = sequence(svg, top + 42, lanes, rows, lanes["TaggedUpstream"] + 70) + 28
     got = ", ".join(str(call_of(e.line)[0]) for e in events if isinstance(e, Got))
     upstream = next(e.upstream for e in events if isinstance(e, Waited) and e.upstream.tagged)
@@ -138,7 +156,9 @@ def tagged_picture(events, *lines):
 
 def draw_tagged_out_of_order(runs):
     return tagged_picture(runs["out_of_order"],
-                          "Part three, scenario 5: request ids, three calls over one connection")
+                          "Part three, scenario 5: request ids, three calls over one connection",
+                          "each caller's request goes out with an id; the client's reader hands "
+                          "each reply to the call its id names", hand_offs=True)
 
 
 def draw_head_of_line(runs):

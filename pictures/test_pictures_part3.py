@@ -5,6 +5,7 @@ The scenarios run once for the whole module (the `runs` fixture). They need a re
 redis-server: without it these tests skip, except under CI=true, where they fail
 (conftest.need_redis). The last test redraws part3-wild.svg from the pinned redis-py venvs
 (conftest.need_wild_venvs)."""
+import re
 import shutil
 import time
 
@@ -145,6 +146,20 @@ def test_the_resp_crowd_is_drawn_a_row_per_client_each_its_own_whole_replies_in_
     # B's row: its GETs in the order it sent them, each its own reply alone, unmarked
     assert rows[1][1] == [(b"GET bravo%d\r\n" % n, [("B", b"$6\r\nBRAVO%d\r\n" % n, False)])
                           for n in (1, 2, 3)]
+
+
+def test_the_out_of_order_picture_hands_each_reply_from_the_client_to_the_caller_its_id_names(runs):
+    svg = pictures_part3.draw_tagged_out_of_order(run_of(runs)[0]).render()
+    # every arrow's label, top to bottom: through TaggedClient both ways
+    labels = re.findall(r'<text x="[\d.]+" y="[\d.]+" font-size="13" fill="#222222">([^<]*)</text>',
+                        svg)
+    assert labels == [
+        r"GET alpha\n", r"1 GET alpha\n", r"GET bravo\n", r"2 GET bravo\n",
+        r"GET charlie\n", r"3 GET charlie\n",
+        r"3 charlie=CCCCCCCCCCCC\n", r"charlie=CCCCCCCCCCCC\n",
+        r"1 alpha=AAAAAAAAAAAA\n", r"alpha=AAAAAAAAAAAA\n",
+        r"2 bravo=BBBBBBBBBBBB\n", r"bravo=BBBBBBBBBBBB\n"]
+    assert [name for name in re.findall(r"id \d is (\w)'s call", svg)] == ["C", "A", "B"]
 
 
 @pytest.mark.slow
