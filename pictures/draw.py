@@ -162,7 +162,7 @@ def pool_panel(svg, y, rule, note, lent, replies, shown):
     rows = []
     for b in lent[:shown]:
         verdict, tone = ("right", GREEN) if b.reply == answer_to(b.request) else ("wrong", RED)
-        rows.append((b.client, b.request, got[b], verdict, tone))
+        rows.append((b.client, [(b.request, got[b])], verdict, tone))
     return borrows(svg, y, rule, note, rows)
 
 

@@ -49,8 +49,8 @@ SetCall = namedtuple("SetCall", "t request")   # ManagedSet.call() begins
 Service = namedtuple("Service", "kind t addr")
 # Part three (record_part3), kept per scenario
 # read_reply() returned, on an upstream address, for a client (by name, and by address: two may
-# share a name)
-RedisRead = namedtuple("RedisRead", "client via request connection reply rest")
+# share a name), in a pool (its class's name)
+RedisRead = namedtuple("RedisRead", "client via request connection reply rest pool")
 # on_event: a request about to be written, id and all
 TaggedSent = namedtuple("TaggedSent", "line")
 Got = namedtuple("Got", "line")                 # on_event: the client's reader took a reply line
@@ -217,7 +217,7 @@ def record_part3():
         for pool in (FramedProxy, SessionProxy):   # the line pool's, and the RESP pool's own
             r.tap(pool, "read_reply", after=lambda result, proxy, sock, *a: r.log(RedisRead(
                 r.thread.client, r.thread.conn.getpeername(), r.thread.request,
-                sock.getsockname(), *result)))
+                sock.getsockname(), *result, type(proxy).__name__)))
         r.tap(tagged.TaggedClient, "__init__",
               after=lambda _, client, *a, **o: r.listen(client, heard))
         r.tap(tagged.TaggedClient, "call",

@@ -14,6 +14,10 @@ CLIENT_COLOURS = {   # name -> (fill, stroke); the same client has the same colo
     "B": ("#fde3cc", "#b85c00"),
     "C": ("#e4dcf3", "#5b3a9e"),
     "D": ("#d5eeec", "#00695c"),
+    "E": ("#f6dcef", "#8e3a80"),
+    "F": ("#f3efc8", "#7a6a00"),
+    "G": ("#e2efd8", "#4f7f2a"),
+    "H": ("#ece2dc", "#6d4c41"),
     "nobody": (RED_FILL, RED),   # bytes no request asked for
 }
 
@@ -184,20 +188,33 @@ def sequence(svg, top, lanes, rows, remarks_x, row=34):
 def borrows(svg, top, rule, note, rows, left=16):
     """A pool's borrows as steps, from `top`; returns the bottom.
 
-    The rule and a note, then a row per borrow (client, request, got, verdict, tone): what it sent,
-    the pieces (owner, bytes, wrong) it got and its verdict. Bytes are in the colour of the client
-    whose request they answer, outlined red where they answer another request, or none."""
+    The rule and a note, then a row per borrower (client, exchanges, verdict, tone): each exchange
+    a request it sent and the pieces (owner, bytes, wrong) it got, the n-th exchanges of every row
+    in one column, then its verdict. Bytes are in the colour of the client whose request they
+    answer, outlined red where they answer another request, or none."""
     svg.text(left, top, rule, 14, INK, bold=True)
     svg.text(left, top + 18, note, 12, MUTED)
+    columns = range(max(len(row[1]) for row in rows))
+    # each column's requests padded to its longest, so its boxes start in line
+    widths = [max(len(visible(row[1][n][0])) for row in rows if n < len(row[1])) for n in columns]
+
+    def label(n, client, request):
+        return (f"{client} sent " if n == 0 else "") + f"{visible(request):<{widths[n]}} got"
+
+    def extent(n, client, request, got):   # bytes_box(): its text and 10, then 2 to the next
+        return (text_width(label(n, client, request), 13) + 8
+                + sum(text_width(visible(data), 13) + 12 for _, data, _ in got))
+    starts = [left]   # a column begins past the widest exchange of the one before it
+    for n in columns[:-1]:
+        starts.append(starts[n] + 14 + max(extent(n, row[0], *row[1][n])
+                                           for row in rows if n < len(row[1])))
     y = top + 46
-    request_width = max(len(visible(row[1])) for row in rows)
-    for client, request, got, verdict, tone in rows:
-        label = f"{client} sent {visible(request):<{request_width}} got"
-        svg.text(left, y, label, 13, INK)
-        x = left + text_width(label, 13) + 8
-        for owner, data, wrong in got:
-            x += svg.bytes_box(x, y - 17, data, owner, 13, wrong=wrong) + 2
+    for client, exchanges, verdict, tone in rows:
+        for n, (request, got) in enumerate(exchanges):
+            svg.text(starts[n], y, label(n, client, request), 13, INK)
+            x = starts[n] + text_width(label(n, client, request), 13) + 8
+            for owner, data, wrong in got:
+                x += svg.bytes_box(x, y - 17, data, owner, 13, wrong=wrong) + 2
         svg.text(x + 10, y, verdict, 13, tone, bold=True)
         y += 32
     return y
-

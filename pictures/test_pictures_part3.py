@@ -5,6 +5,7 @@ The scenarios run once for the whole module (the `runs` fixture). They need a re
 redis-server: without it these tests skip, except under CI=true, where they fail
 (conftest.need_redis). The last test redraws part3-wild.svg from the pinned redis-py venvs
 (conftest.need_wild_venvs)."""
+import re
 import shutil
 import time
 
@@ -88,8 +89,9 @@ def test_the_line_pool_recording_shows_the_tail_of_as_reply_delivered_to_b(runs)
     assert [(e.client, e.reply) for e in reads] == [("A", b"$5\r\n"), ("B", b"hello\r\n"),
                                                     ("C", b"$5\r\n")]
     # (whose reply, bytes, wrong)
-    assert [got for _, _, got, _, _ in pictures_part3.redis_rows(reads)] == [
+    assert [got for _, got, _ in pictures_part3.redis_exchanges(reads)] == [
         [("A", b"$5\r\n", False)], [("A", b"hello\r\n", True)], [("B", b"$5\r\n", True)]]
+    assert {e.pool for e in reads} == {"TrustingPool"}
 
 
 def test_out_of_order_recording_sends_ids_in_order_gets_replies_out_of_order_each_to_its_call(runs):
@@ -132,6 +134,32 @@ def test_the_resp_pool_recording_gives_every_client_whole_replies_over_one_conne
     assert ([parser.reply_size(e.reply) == len(e.reply) and e.rest == b"" for e in reads]
             == [True] * 28)
     assert len({e.connection for e in reads}) == 1
+    assert {e.pool for e in reads} == {"SessionProxy"}
+
+
+def test_the_resp_crowd_is_drawn_a_row_per_client_each_its_own_whole_replies_in_its_order(runs):
+    reads = [e for e in run_of(runs)[0]["resp_pool"] if isinstance(e, RedisRead)]
+    crowd = [e for e in pictures_part3.redis_exchanges(reads) if e[0].via != reads[0].via]
+    rows = pictures_part3.redis_rows(crowd, by_client=True)
+    assert [(client, verdict) for client, _, verdict, _ in rows] == [
+        (name, "each its whole reply") for name in "ABCDEFGH"]
+    # B's row: its GETs in the order it sent them, each its own reply alone, unmarked
+    assert rows[1][1] == [(b"GET bravo%d\r\n" % n, [("B", b"$6\r\nBRAVO%d\r\n" % n, False)])
+                          for n in (1, 2, 3)]
+
+
+def test_the_out_of_order_picture_hands_each_reply_from_the_client_to_the_caller_its_id_names(runs):
+    svg = pictures_part3.draw_tagged_out_of_order(run_of(runs)[0]).render()
+    # every arrow's label, top to bottom: through TaggedClient both ways
+    labels = re.findall(r'<text x="[\d.]+" y="[\d.]+" font-size="13" fill="#222222">([^<]*)</text>',
+                        svg)
+    assert labels == [
+        r"GET alpha\n", r"1 GET alpha\n", r"GET bravo\n", r"2 GET bravo\n",
+        r"GET charlie\n", r"3 GET charlie\n",
+        r"3 charlie=CCCCCCCCCCCC\n", r"charlie=CCCCCCCCCCCC\n",
+        r"1 alpha=AAAAAAAAAAAA\n", r"alpha=AAAAAAAAAAAA\n",
+        r"2 bravo=BBBBBBBBBBBB\n", r"bravo=BBBBBBBBBBBB\n"]
+    assert [name for name in re.findall(r"id \d is (\w)'s call", svg)] == ["C", "A", "B"]
 
 
 @pytest.mark.slow
