@@ -33,7 +33,7 @@ def serve(lending, session, client, request, requests):
         return
     relay = None
     try:
-        sync = session.sync(None)
+        sync = session.sync(lending.carries.get(sock))   # one used before is made ready too
         sock.sendall(b"".join(sync))
         buffer = lending.read_synced(sock, session, sync)   # the stream's first bytes, if any
         relay = StreamRelay(lending.pool, sock, client, session, buffer)

@@ -4,6 +4,7 @@ inline command a bound in bytes; and what a client holds is a connection of its 
 one the others share, so an honest client beside the attack is served as if it were alone."""
 import time
 
+from part3 import acl
 from part3.conftest import array, server_clients, wait_for
 from part3.framed import SessionProxy
 from part3.parser import MAX_INLINE
@@ -110,3 +111,17 @@ def test_a_request_that_comes_whole_in_a_trickle_within_its_deadline_is_served(r
         for byte in request:
             client.sock.sendall(bytes([byte]))
         assert client.read() == b"+OK\r\n"
+
+
+def test_a_connection_of_a_clients_own_used_for_a_wait_carries_a_subscription_next(
+        redis, control, clients):
+    """A connection kept for the next client's own use is synced from the state it carries,
+    not as if just opened: as the pool's own ACL user it may not be made again (rq and celery
+    wait, then subscribe)."""
+    framing, _ = acl.confine(redis.addr)
+    with SessionProxy(redis.addr, framing=framing) as proxy:
+        waiter, subscriber = clients(proxy.addr, 2)
+        assert waiter.ask("BLPOP q 0.01") == [b"*-1\r\n"]
+        assert subscriber.ask("SUBSCRIBE news") == [
+            b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n"]
+        assert proxy.lending.dedicated == 1   # the wait's, used again
