@@ -6,11 +6,12 @@
 # make lint   - ruff (ruff.toml): unused and undefined names, syntax, the lesson's line length
 # make wild   - redis-py's cancelled-reply leak with the real library, 4.5.1 against 4.5.5 and 8.1.0
 # make redis-py-tests - redis-py's own command tests through each Redis pool (minutes)
+# make applications - eight libraries' everyday work (rq, celery...) through serve (minutes)
 PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: demo race managed part3 wild wild-venvs wild-table redis-py-tests redis-server test lint check golden pictures bench bench-quick bench-part3 bench-redis bench-tools soak clean
+.PHONY: demo race managed part3 wild wild-venvs wild-table redis-py-tests applications redis-server test lint check golden pictures bench bench-quick bench-part3 bench-redis bench-tools soak clean
 
 demo:
 	$(PYTHON) demo.py
@@ -56,6 +57,18 @@ wild-table: redis-server
 
 redis-py-tests: .venv-redis-py-tests/bin/python redis-server
 	$(PYTHON) -m bench.redis_py_tests
+
+# Not in the suite: the everyday work of eight libraries built on Redis (rq, celery, huey,
+# dramatiq, django-redis, limits, flask-limiter, arq) directly and through `python3 -m part3
+# serve` of each kind, in a venv of their own (bench/applications.py), minutes.
+.venv-applications/bin/python: bench/requirements-applications.txt
+	@{ $(PYTHON) -m venv .venv-applications && \
+	   .venv-applications/bin/python -m pip install --quiet --disable-pip-version-check -r $< && \
+	   touch $@; } || { rm -rf .venv-applications; \
+	   echo "make: could not install $< into .venv-applications (is the package index reachable?)"; }
+
+applications: .venv-applications/bin/python redis-server
+	$(PYTHON) -m bench.applications
 
 # Part three needs a real redis-server on PATH, and its tests drive it with real clients,
 # redis-cli and redis-benchmark (Debian's redis-tools): `make test` installs both packages
@@ -141,5 +154,5 @@ soak: $(VENV_PYTHON)
 	  part3/test_differential.py
 
 clean:
-	rm -rf $(VENV) .venv-redis-* .venv-wild-table .demo-hashes .managed-hashes .part3-hashes .wild-hashes .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) .venv-redis-* .venv-applications .venv-wild-table .demo-hashes .managed-hashes .part3-hashes .wild-hashes .pytest_cache .hypothesis .ruff_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +

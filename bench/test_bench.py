@@ -431,3 +431,134 @@ def test_redis_py_tests_read_pytests_summary_and_allow_every_server_wide_command
     allowed = redis_py_tests.server_wide()
     assert "SHUTDOWN" not in allowed and {"FLUSHALL", "CONFIG SET", "CLIENT KILL"} <= set(allowed)
     assert "SELECT" not in allowed and "REPLCONF" not in allowed   # replayed; never passed
+
+
+# -- bench/applications.py: its machinery, without .venv-applications or the libraries
+
+def test_applications_without_their_venv_say_in_one_line_how_to_make_it(monkeypatch, capsys,
+                                                                         tmp_path):
+    from bench import applications
+    monkeypatch.setattr(applications, "VENV_PYTHON", tmp_path / "no-venv/bin/python")
+    assert applications.main(["--only", "rq"]) == 2
+    assert capsys.readouterr().out == (
+        "applications: no .venv-applications; `make applications` makes it\n")
+
+
+def test_applications_take_libraries_by_name_and_refuse_one_they_do_not_know(capsys):
+    from bench import applications
+    options = applications.parse(["--kind", "managed", "--only", "rq, arq"])
+    assert (options.kinds, options.only) == (["managed"], ["rq", "arq"])
+    assert applications.parse([]).kinds == ["framed", "managed"]
+    with pytest.raises(SystemExit):
+        applications.parse(["--only", "rq,resque"])
+    assert "no library named resque; the names: rq, celery," in capsys.readouterr().err
+
+
+def test_an_applications_run_is_read_from_its_result_line_and_what_the_pool_said_in_errors():
+    from bench import applications, application_work
+    begun, result = application_work.BEGUN_MARK, application_work.RESULT_MARK
+    output = "\n".join([
+        f"{begun}set, get", "some log line of the library's own",
+        f"{begun}keys",
+        "redis.exceptions.ResponseError: tcp-proxy: KEYS is refused here ",
+        "pubsub thread exiting on ResponseError(\"upstream: the client's state: no\")",
+        "redis.exceptions.ResponseError: tcp-proxy: KEYS is refused here",
+        "ValueError: upstream: not one of the pool's, it has no Error before it: shown",
+        result + '{"did": ["set, get"], "step": "keys", "error": "ResponseError: no"}'])
+    outcome = applications.read_outcome("django-redis", "framed", output, 0)
+    assert (outcome.did, outcome.step, outcome.error) == (["set, get"], "keys",
+                                                          "ResponseError: no")
+    assert outcome.said == ["tcp-proxy: KEYS is refused here", "upstream: the client's state: no",
+                            "upstream: not one of the pool's, it has no Error before it: shown"]
+
+
+def test_an_applications_run_with_no_result_line_failed_at_the_last_step_it_began():
+    from bench import applications, application_work
+    output = f"{application_work.BEGUN_MARK}one\n{application_work.BEGUN_MARK}two\n"
+    killed = applications.read_outcome("rq", "managed", output, None)
+    assert (killed.did, killed.step) == (["one"], "two")
+    assert killed.error == f"TimeoutError: no end within {applications.RUN_TIMEOUT:g} s"
+    crashed = applications.read_outcome("rq", "managed", "", -9)
+    assert (crashed.did, crashed.step) == ([], None)
+    assert crashed.error == "it ended with status -9 and said no result"
+
+
+def test_applications_count_the_refusals_that_grew_between_two_readings_of_the_stats():
+    from bench import applications
+    before = {"refused.KEYS": 1, "refused.SWAPDB": 2, "connections": 3}
+    after = {"refused.KEYS": 3, "refused.SWAPDB": 2, "refused.FLUSHALL": 1, "connections": 9}
+    assert applications.refusals(before, after) == {"KEYS": 2, "FLUSHALL": 1}
+
+
+def test_applications_print_a_line_per_run_and_a_table_of_library_by_target():
+    from bench import applications
+    failed = applications.Outcome("rq", "framed", ["enqueued", "worked"], "stopped",
+                                  "TimeoutError: late", said=["upstream: gone"],
+                                  refused={"KEYS": 2}, logged=["upstream connection closed"])
+    assert failed.line() == (
+        "rq             framed   FAILED  enqueued; worked\n"
+        "    failed at 'stopped': TimeoutError: late\n"
+        "    the pool said: upstream: gone\n"
+        "    the pool refused: KEYS x2\n"
+        "    the pool logged: upstream connection closed")
+    outcomes = [applications.Outcome("rq", "direct", ["enqueued", "worked", "stopped"]), failed,
+                applications.Outcome("arq", "direct", [])]
+    assert applications.summary(outcomes, ["direct", "framed"]) == (
+        "each library's everyday work\n"
+        "library  direct  framed          \n"
+        "-------  ------  ----------------\n"
+        "rq       ok      failed at step 3\n"
+        "arq      ok      -               \n")
+
+
+def test_an_applications_run_past_its_deadline_is_killed_with_the_workers_it_started(
+        monkeypatch):
+    from bench import applications, application_work
+    started_a_worker = (
+        "import subprocess, sys, time\n"
+        "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"print({application_work.BEGUN_MARK!r} + str(worker.pid), flush=True)\n"
+        "time.sleep(60)\n")
+    monkeypatch.setattr(applications, "work_command",
+                        lambda library, url: [sys.executable, "-c", started_a_worker])
+    monkeypatch.setattr(applications, "RUN_TIMEOUT", 1.0)
+    output, status = applications.run_work("rq", "redis://127.0.0.1:1/0")
+    assert status is None
+    worker_pid = int(applications.read_outcome("rq", "direct", output, status).step)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{worker_pid}").exists() and time.monotonic() < deadline:
+        state = Path(f"/proc/{worker_pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        if state == "Z":   # killed; its new parent has yet to reap it
+            break
+        time.sleep(0.05)
+    else:
+        assert not Path(f"/proc/{worker_pid}").exists(), "the run's worker outlived it"
+
+
+def test_an_applications_run_where_the_library_is_missing_says_which(monkeypatch):
+    """The project's own venv has none of the libraries: the work fails on its import."""
+    from bench import applications
+    monkeypatch.setattr(applications, "VENV_PYTHON", Path(sys.executable))
+    output, status = applications.run_work("limits", "redis://127.0.0.1:1/0")
+    outcome = applications.read_outcome("limits", "direct", output, status)
+    assert (status, outcome.did, outcome.step) == (0, [], None)
+    assert outcome.error == "ModuleNotFoundError: No module named 'limits'"
+
+
+def test_applications_start_serve_with_its_defaults_read_its_stats_and_end_it(tmp_path):
+    from bench import applications
+    need_redis()
+    with RedisServer() as redis, open(tmp_path / "serve.log", "w+") as log:
+        served = applications.Served("managed", redis.addr, log)
+        try:
+            control = RedisControl(("127.0.0.1", served.port))
+            try:
+                assert control.command("KEYS nothing:*") == b"*0\r\n"
+            finally:
+                control.close()
+            stats = served.stats()
+            assert stats["connections"] == 1 and not applications.refusals({}, stats)
+            assert "the pool's connections run as ACL user tcp-proxy" in served.logged()
+        finally:
+            served.close()
+        assert served.process.returncode == 0
