@@ -130,7 +130,7 @@ bench-redis:
 	$(PYTHON) -m bench --only redis
 
 # Hostile clients against `python3 -m part3 serve`, both kinds, each beside an honest client
-# (bench/attacks.py; about twenty minutes). The venv's Python: kill-9 and sigstop drive redis-py.
+# (bench/attacks.py; minutes). The venv's Python: kill-9 and sigstop drive redis-py.
 bench-attacks: $(VENV_PYTHON) redis-server
 	$(VENV_PYTHON) -m bench.attacks
 

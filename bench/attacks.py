@@ -22,9 +22,12 @@ The table gives each figure at its worst over the runs; --json keeps every run w
     HonestClient       SET+GET pairs (or MULTI/SET/EXEC+GET), each reply checked;
                        HonestProcess runs one in a process of its own
     Attackers          the attack's connections, watched: when each was told an error, closed
-    Writer             a thread writing to non-blocking sockets as fast as they take bytes
+    Writer, Trickle    threads writing to attackers' sockets: as fast as they take bytes, or
+                       a byte a second
     crowd()            many clients at once, each sending PING: what each heard, and when
-    Attack             what every attack shares: prepare(), start(), honest(), finish(), note()
+    BusyRedisPy        a thread of redis-py doing SET+GET pairs (kill-9, sigstop)
+    Attack             what every attack shares: prepare(), start() (the attack's bite()),
+                       honest(), finish(), note()
     run_once()         one attack on one kind, every process and socket ended whatever happens
     worst(), render()  the table (the worst of each figure over the runs) and its notes
 
