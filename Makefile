@@ -2,6 +2,7 @@
 #               venvs, then the whole suite
 # make check  - lint and test, then each transcript's determinism under load (four), then originality
 # make bench-redis - redis-benchmark through the project's Redis relays, socat, HAProxy, twemproxy
+# make bench-attacks - hostile clients against `python3 -m part3 serve`, each beside an honest one
 # make pictures - run the scenarios and redraw pictures/*.svg from what they recorded (Part three's need redis-server)
 # make lint   - ruff (ruff.toml): unused and undefined names, syntax, the lesson's line length
 # make wild   - redis-py's cancelled-reply leak with the real library, 4.5.1 against 4.5.5 and 8.1.0
@@ -11,7 +12,9 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: demo race managed part3 wild wild-venvs wild-table redis-py-tests applications redis-server test lint check golden pictures bench bench-quick bench-part3 bench-redis bench-tools soak clean
+.PHONY: demo race managed part3 wild wild-venvs wild-table redis-py-tests applications redis-server test lint \
+        check golden pictures bench bench-quick bench-part3 bench-redis bench-attacks bench-tools soak \
+        clean
 
 demo:
 	$(PYTHON) demo.py
@@ -140,6 +143,11 @@ bench-part3:
 # redis-benchmark through the project's Redis relays and the real ones (about three minutes).
 bench-redis:
 	$(PYTHON) -m bench --only redis
+
+# Hostile clients against `python3 -m part3 serve`, both kinds, each beside an honest client
+# (bench/attacks.py; minutes). The venv's Python: kill-9 and sigstop drive redis-py.
+bench-attacks: $(VENV_PYTHON) redis-server
+	$(VENV_PYTHON) -m bench.attacks
 
 # socat, HAProxy, twemproxy (nutcracker), redis-server and redis-benchmark (redis-tools),
 # for the bench's comparison rows (Debian's packages; run as root). The bench runs

@@ -22,6 +22,8 @@ The bench in reading order:
                           through the project's relays, socat, HAProxy and twemproxy
     bench/machinery.py    what they share: server processes, the load generator, tables
     bench/placement.py    the CPU-placement mixin every project relay runs with
+    bench/attacks.py      run on its own (python3 -m bench.attacks): hostile clients
+                          against `python3 -m part3 serve`, each beside an honest client
     this module           the sections in order, the targets set for the bench, the
                           header, --json; a section that fails says why in one line
                           while the others still run

@@ -562,3 +562,96 @@ def test_applications_start_serve_with_its_defaults_read_its_stats_and_end_it(tm
         finally:
             served.close()
         assert served.process.returncode == 0
+
+
+# --- bench/attacks.py: its machinery, one small attack --------------------------------------
+
+def test_vmhwm_is_read_from_a_status_text_in_mb_and_is_none_for_a_process_gone():
+    from bench import attacks
+    status = "Name:\tpython3\nVmPeak:\t  99999 kB\nVmHWM:\t    2048 kB\nVmRSS:\t 1024 kB\n"
+    assert attacks.vmhwm_mb(status) == 2.0
+    assert attacks.vmhwm_mb("Name:\tkthreadd\n") is None
+    assert attacks.peak_rss_mb(os.getpid()) > 1
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert attacks.peak_rss_mb(gone.pid) is None
+
+
+def attack_record(attack, kind, right, slowest_ms, rss, held, badness=0, wrong=0, errors=0):
+    return {"attack": attack, "kind": kind, "run": 0,
+            "honest": {"of": 200, "done": 200, "right": right, "wrong": wrong, "errors": errors,
+                       "slowest_ms": slowest_ms, "said": ["ERR no (x1)"] if errors else []},
+            "attacker": {"summary": f"{2 - held}/2 ended", "said": "ERR too slow", "of": 2,
+                         "held": held, "closed": 2 - held, "last_end_s": 10.0},
+            "note": {"text": f"badness {badness}", "badness": badness},
+            "stats": {"refused.KEYS": 1, "refused.DEBUG": 2, "clients.turned_away": held,
+                      "dedicated.open": 1, "dedicated.waiting": 0},
+            "peak_rss_mb": rss}
+
+
+def test_the_table_takes_each_figure_at_its_worst_and_lists_what_is_past_the_marks():
+    from bench import attacks
+    records = [attack_record("half-command", "framed", 200, 3.0, 30.0, held=0, badness=1),
+               attack_record("half-command", "framed", 190, 400.0, 20.0, held=2, badness=0,
+                             wrong=1, errors=9),
+               attack_record("half-command", "managed", 200, 2.0, 300.0, held=0),
+               {"attack": "half-command", "kind": "managed", "run": 1, "failed": "OSError: x"}]
+    framed, managed = attacks.worst(records)
+    assert (framed["right"], framed["of"], framed["wrong"], framed["errors"]) == (190, 200, 1, 9)
+    assert (framed["slowest_ms"], framed["peak_rss_mb"], framed["refused"]) == (400.0, 30.0, 3)
+    assert framed["attacker"]["held"] == 2 and framed["note"]["text"] == "badness 1"
+    assert managed["runs"] == 2 and managed["failed"] == ["OSError: x"]
+    text = attacks.render([framed, managed])
+    assert "half-command  framed      2       190/200      1       9         400" in text
+    assert ("half-command, framed: 1 wrong, 9 errors, slowest pair 400 ms (mark 250), "
+            "2 attackers never ended, badness 1\n") in text
+    assert "half-command, managed: peak RSS 300 MB, 1 runs failed\n" in text
+    assert "half-command, managed: OSError: x\n" in text
+    assert "half-command, framed: ERR too slow\n" in text
+
+
+def test_the_honest_client_counts_a_value_not_its_own_as_wrong():
+    from bench import attacks
+    with PlantedRedis(wrong_get=2) as liar:
+        client = attacks.HonestClient(liar.addr, "t")
+        try:
+            figures = client.pairs(4, within=5.0)
+        finally:
+            client.close()
+    assert {name: figures[name] for name in ("of", "done", "right", "wrong", "errors")} == {
+        "of": 4, "done": 4, "right": 3, "wrong": 1, "errors": 0}
+
+
+def test_the_slow_relay_queues_every_reply_and_trickles_one_keys():
+    from bench import attacks
+    need_redis()
+    with RedisServer() as redis, contextlib.ExitStack() as stack:
+        control = RedisControl(redis.addr)
+        stack.callback(control.close)
+        control.command("SET slow abcde")
+        late = stack.enter_context(attacks.SlowRelay(redis.addr, reply_delay=0.05))
+        trickling = stack.enter_context(attacks.SlowRelay(redis.addr, trickle_key=b"slow",
+                                                          trickle_every=0.01))
+        for relay, requests, least in ((late, [redis_peers.command(b"PING")] * 3, 0.15),
+                                       (trickling, [redis_peers.command(b"GET", b"slow")],
+                                        0.11)):
+            with socket.create_connection(relay.addr, timeout=5) as client:
+                started = time.monotonic()
+                client.sendall(b"".join(requests))
+                replies = redis_peers.Replies(client)
+                got = [read_resp(replies) for _ in requests]
+                assert time.monotonic() - started >= least   # three delays in a row; 11 bytes
+        assert got == [b"$5\r\nabcde\r\n"]
+
+
+def test_one_small_attack_on_framed_serve_records_each_sides_outcome_the_stats_and_the_rss():
+    from bench import attacks
+    need_redis()
+    small = type("SmallFlood", (attacks.InlineFlood,), {"megabytes": 4})
+    record = attacks.run_once(small, "framed", pairs=10)
+    assert "failed" not in record, record.get("failed")
+    assert {name: record["honest"][name] for name in ("of", "right", "wrong", "errors")} == {
+        "of": 10, "right": 10, "wrong": 0, "errors": 0}
+    assert record["attacker"]["held"] == 0 and "inline" in record["attacker"]["said"]
+    assert "clients.turned_away" in record["stats"] and record["peak_rss_mb"] > 1
+    assert attacks.worst([record])[0]["right"] == 10
