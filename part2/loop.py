@@ -20,16 +20,13 @@ loop; no one sleeps.
 import collections
 import heapq
 import itertools
-import logging
 import selectors
 import socket
 import threading
 
-from part2.cache import QuietHooks, call_back
 from part2.calls import ManagedError
 from part2.clock import RealClock
-
-LOG = logging.getLogger("part2.managed")
+from part2.hooks import LOG, QuietHooks, call_back
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 SELECT_MAX = 3600.0   # seconds one select() may wait (epoll's limit is weeks); it then looks again
 

@@ -4,6 +4,7 @@ adds, after Ocamlnet's Rpc_proxy (COMMENTARY.md, sections 12 to 17, tells it).
 The modules, from the lowest layer up:
 
     part2/clock.py        RealClock, VirtualClock: every deadline is read on one of these
+    part2/hooks.py        the counters every object keeps; call_back(), how callbacks are made
     part2/cache.py        ReliabilityCache, global_rcache(): which upstreams failed lately
     part2/calls.py        the five errors; Run (requests owed replies in order) and Call
     part2/loop.py         Loop: the one event loop, its turn and its deadlines

@@ -25,7 +25,8 @@ from conftest import ROOT
 # parsed, cached per process) is built once.
 pytestmark = pytest.mark.xdist_group("test_house")
 
-LESSON = {"tcp_proxy", "part2.managed", "part2.clock", "part2.cache", "part2.calls", "part2.loop",
+LESSON = {"tcp_proxy", "part2.managed", "part2.clock", "part2.hooks", "part2.cache", "part2.calls",
+          "part2.loop",
           "part2.pipeline", "part2.connection", "part2.client", "part2.managed_set", "part2.proxy",
           "part2.lease",
           "part3.resp", "part3.commands", "part3.tagged", "part3.lending"}
