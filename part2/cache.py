@@ -6,16 +6,21 @@
     global_rcache()      the shared one, policy "none" (it never disables) until configured
 
 A cache may be shared by several loops and threads: a write to its entries holds its lock;
-its reads (is_enabled(), asked on every pick) take none, since each reads one entry's
-fields, which a write replaces whole or sets one at a time; and its counters (a success is
-counted on every read that brings a reply) are tallies, which take no lock either.
+its reads (is_enabled(), asked on a pick) take none, since each reads one entry's fields,
+which a write replaces whole or sets one at a time; and its counters are tallies, which
+take no lock either. `steady`, true while neither it nor a parent holds an entry or asks
+an availability callback, lets a pick skip is_enabled() and a reply skip record_success():
+both would say what steady says.
 """
 import collections
 import math
 import threading
+import weakref
 
 from part2.clock import RealClock
 from part2.hooks import Tallied, call_back
+
+_RESTATING = threading.Lock()   # held while any cache's steady is made again
 
 POLICIES = ("none", "independent", "any_failing_port_disables_host")
 DEFAULTS = {"policy": "none", "threshold": 1, "disable_timeout_min": 1.0,
@@ -76,6 +81,13 @@ class ReliabilityCache(Tallied):
                  on_event=None):
         super().__init__()
         self.parent, self.on_event = parent, on_event
+        self._lock = threading.Lock()   # guards _entries and _hosts
+        self._entries = {}              # (ip, port) -> PortEntry
+        self._hosts = {}                # ip -> HostEntry, under a host policy only
+        self.children = weakref.WeakSet()   # the caches derived from it: their steady reads its
+        self.steady = False             # see the module's map; kept by _restate()
+        if parent is not None:
+            parent.children.add(self)
         # Its own settings first, then, read live, its parent's ChainMap (or the defaults): a
         # setting it does not hold is inherited. configure() swaps the own map whole.
         inherited = parent._settings if parent else {**DEFAULTS, "clock": RealClock()}
@@ -83,9 +95,6 @@ class ReliabilityCache(Tallied):
         self.configure(policy=policy, threshold=threshold, disable_timeout_min=disable_timeout_min,
                        disable_timeout_max=disable_timeout_max, availability=availability,
                        clock=clock)
-        self._lock = threading.Lock()   # guards _entries and _hosts
-        self._entries = {}              # (ip, port) -> PortEntry
-        self._hosts = {}                # ip -> HostEntry, under a host policy only
         self.windows = collections.deque(maxlen=64)   # the latest (key, start, end, reason);
                                                       # key: an (ip, port) or an ip
 
@@ -108,6 +117,20 @@ class ReliabilityCache(Tallied):
         if changed["threshold"] < 1 or not 0 < low <= high:
             raise ValueError("threshold >= 1 and 0 < disable_timeout_min <= disable_timeout_max")
         self._settings.maps[0] = own   # one assignment: no reader sees a rejected or half-made one
+        self._restate()
+
+    def _restate(self):
+        """steady again, here and in every cache derived from it (after each change to its
+        entries or its own availability); one lock for every cache's, so the last to run
+        reads the last change."""
+        with _RESTATING:
+            self._restate_locked()
+
+    def _restate_locked(self):
+        own = self._entries or self._hosts or self._settings.maps[0].get("availability")
+        self.steady = not own and (self.parent is None or self.parent.steady)
+        for child in list(self.children):
+            child._restate_locked()
 
     def setting(self, name):
         """A setting's value: this cache's own, else its parent's (or the default)."""
@@ -141,6 +164,7 @@ class ReliabilityCache(Tallied):
             now = self.clock.now()
             with self._lock:
                 opened = self._error(addr, now)
+            self._restate()
             for window in opened:
                 self.windows.append(window)
                 self.count("disables")
@@ -178,6 +202,7 @@ class ReliabilityCache(Tallied):
             with self._lock:
                 if self._entries.pop(addr, None):   # Ocamlnet: its host only if it had an entry
                     self._recompute_host(addr)
+            self._restate()
         if self.parent:
             self.parent.record_success(addr)
 

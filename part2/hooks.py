@@ -3,6 +3,8 @@
     call_back()    how every callback of Part two is made: one that raises changes nothing
                    but its owner's callback_errors (the first is logged)
     QuietHooks     tcp_proxy's Hooks whose bumps take no lock while no one waits
+    Counted        QuietHooks of an object a loop owns: bumped on the loop's thread, their
+                   waiters woken once a turn
     Tallied        QuietHooks whose counters several threads bump at once (a shared cache's)
 """
 import logging
@@ -50,6 +52,22 @@ class QuietHooks(Hooks):
                     raise TimeoutError(f"gave up waiting for {what}: {self!r}")
             finally:
                 self.waiters -= 1
+
+
+class Counted(QuietHooks):
+    """Hooks for an object a loop owns. Its counters are plain integers, bumped on the
+    loop's thread with no lock; the waiters of wait_<counter>() are woken once per turn,
+    at its end, and only if there are any (see QuietHooks)."""
+
+    def __init__(self, loop):
+        super().__init__()
+        self.loop = loop
+        if loop is self:   # the loop itself, the first it wakes
+            self.counted = []
+        loop.counted.append(self)
+
+    def count(self, name, amount=1):
+        setattr(self, name, getattr(self, name) + amount)
 
 
 class Tallied(QuietHooks):

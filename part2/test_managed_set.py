@@ -10,7 +10,7 @@ from conftest import closed_port_addr
 from part2.managed import (ClusterServiceUnavailable, CommunicationError, ManagedSet, MessageLost,
                            ReliabilityCache, VirtualClock, global_rcache)
 from part2.managed_demo import in_background, outcome
-from part2.managed_set import Batch, choose, service_order
+from part2.managed_set import choose, service_order
 from part2.pipeline import ClientStream, Pipeline
 from scaffolding.faults import FaultyUpstream
 from tcp_proxy import LINES, Hooks, answer
@@ -202,59 +202,75 @@ def test_shut_down_cuts_a_retry_wait_short():
         assert call.result() == "ManagedError: set shut down" and time.monotonic() - started < 5
 
 
-# --- a turn's entries, in batches -------------------------------------------------------------
+# --- a turn's requests, in batches ------------------------------------------------------------
 
 class Counts:
     answered = failed = 0
 
 
+class Written:
+    def __init__(self):
+        self.out = bytearray()
+
+    def write(self, data):
+        self.out += data
+
+
 class Owner:
-    """Stands in for a set: what each entry a failed batch left owed went on with."""
-    on_event = None
+    """Stands in for a set: what each request a lost connection left owed went on with."""
 
     def __init__(self):
         self.alone = []
 
-    def _attempt_failed(self, attempts, error):
-        owed = attempts.requests[attempts.answered:]
-        self.alone.append((attempts.sink, owed, attempts.number, attempts.index, type(error)))
+    def attempt_failed(self, request, error):
+        self.alone.append((request.client, request.data, request.attempts, request.service,
+                           type(error)))
 
 
-def test_a_batch_is_one_run_of_its_entries_bytes_and_if_it_fails_each_entry_goes_on_alone():
-    streams = [ClientStream(LINES, Counts()) for _ in range(2)]
-    (first,), (second,) = streams[0].feed(b"GET a\nGET b\n"), streams[1].feed(b"GET c\n")
+def streams_with_requests(*reads):
+    """A ClientStream per read, each given its read: (streams, the requests they made)."""
+    streams, gathered = [], []
+    for data in reads:
+        stream = ClientStream(LINES, Counts(), Written())
+        stream.gather = gathered.extend
+        stream.received(data)
+        streams.append(stream)
+    return streams, gathered
+
+
+def test_a_turns_requests_go_in_one_write_and_if_it_is_lost_each_owed_one_goes_on_alone():
+    streams, requests = streams_with_requests(b"GET a\nGET b\n", b"GET c\n")
     owner = Owner()
-    batch = Batch(owner, 0, ManagedSet.RETRIED_BY_CALL)
-    for entry in (first, second):
-        batch.add(entry)
-    run = batch.run(deadline=None)
-    assert run.data == b"GET a\nGET b\nGET c\n"
-    assert run.requests == [b"GET a\n", b"GET b\n", b"GET c\n"]
-    core = Pipeline(LINES, lambda run, replies, first: None)
-    core.queue(run)
-    core.feed(answer(b"GET a"))   # the first entry's first reply, then the connection is lost
-    core.lose(MessageLost("upstream closed the connection"))
-    assert bytes(streams[0].out) == answer(b"GET a") and streams[1].out == bytearray()
-    assert owner.alone == [(first, [b"GET b\n"], 1, 0, MessageLost),
-                           (second, [b"GET c\n"], 1, 0, MessageLost)]   # in the batch's order
+    for request in requests:
+        request.placer, request.attempts, request.service = owner, 1, 0
+    core = Pipeline(LINES)
+    assert core.queue(requests) == b"GET a\nGET b\nGET c\n"
+    settled, _ = core.feed(answer(b"GET a"))   # the first reply, then the connection is lost
+    for request, reply in settled:
+        request.client.replied(request, reply)
+    for request in core.lose():
+        request.fail(MessageLost("upstream closed the connection"))
+    assert bytes(streams[0].transport.out) == answer(b"GET a") and not streams[1].transport.out
+    assert owner.alone == [(streams[0], b"GET b\n", 1, 0, MessageLost),
+                           (streams[1], b"GET c\n", 1, 0, MessageLost)]   # in the write's order
 
 
-def test_a_turns_entries_with_a_choice_of_clients_are_picked_one_by_one_and_make_a_run_per_client():
+def test_a_turns_requests_with_a_choice_of_clients_are_picked_one_by_one_one_write_per_client():
+    sent = []
     with FaultyUpstream(every="skip") as silent:   # every call stays pending
-        managed_set = ManagedSet([(silent.addr, 3)])
-        streams = [ClientStream(LINES, Counts()) for _ in range(4)]
-        entries = [stream.feed(b"GET %d\n" % number)[0] for number, stream in enumerate(streams)]
-        managed_set.loop.ask(managed_set.place_batch, entries)
+        managed_set = ManagedSet([(silent.addr, 3)], on_event=lambda client, event: sent.append(
+            client) if event[0] == "sent" else None)
+        streams, requests = streams_with_requests(*[b"GET %d\n" % number for number in range(4)])
+        managed_set.loop.ask(managed_set.gather, requests)   # placed once the next reads are over
+        silent.wait_requests(4)
         clients = managed_set.clients[0]
         # picked as one by one: a new client each, while there is room; then the least busy
         assert [client.pending_calls for client in clients] == [2, 1, 1]
-
-        def runs_of(connection):
-            return len(connection.waiting) + len(connection.pipeline.owed)
-        runs = managed_set.loop.ask(lambda: [runs_of(client.connection) for client in clients])
-        assert runs == [1, 1, 1] and (managed_set.picks, managed_set.attempts) == (4, 4)
+        assert sorted(map(clients.index, sent)) == [0, 1, 2]   # one write each
+        assert (managed_set.picks, managed_set.attempts) == (4, 4)
         managed_set.shut_down()
-    assert [bytes(stream.out) for stream in streams] == [b"ERR MessageLost: client shut down\n"] * 4
+    assert [bytes(stream.transport.out) for stream in streams] == [
+        b"ERR MessageLost: client shut down\n"] * 4
 
 
 # --- the set's own cache: failover out of the box, and never refusing everything ------------

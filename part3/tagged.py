@@ -44,7 +44,7 @@ import socket
 import threading
 import time
 
-from part2.connection import ABANDONED_MAX   # Part two's bound on replies owed to nobody
+from part2.managed import ABANDONED_MAX   # Part two's bound on replies owed to nobody
 from tcp_proxy import (Hooks, LineTooLong, Server, answer, host_and_port, loggable, read_lines,
                        ready, shutdown)
 

@@ -26,9 +26,8 @@ from conftest import ROOT
 pytestmark = pytest.mark.xdist_group("test_house")
 
 LESSON = {"tcp_proxy", "part2.managed", "part2.clock", "part2.hooks", "part2.cache", "part2.calls",
-          "part2.loop",
-          "part2.pipeline", "part2.connection", "part2.client", "part2.managed_set", "part2.proxy",
-          "part2.lease",
+          "part2.handoff", "part2.loop", "part2.pipeline", "part2.connection", "part2.client",
+          "part2.managed_set", "part2.proxy", "part2.lease",
           "part3.resp", "part3.commands", "part3.tagged", "part3.lending"}
 FLOORS = {"tcp_proxy": 0, "conftest": 0, "scaffolding": 0, "part2": 1, "part3": 2}
 TOP_FLOOR = 3
