@@ -21,7 +21,10 @@ path need not read it: a client that never asks for any of this never reaches it
 
 The order a lent request takes: ClientStream.admit() (session.lease is not POOLED) ->
 it waits until every request before it is answered -> ProxyClient.lend() -> an OwnLink
-(or the StreamLink) -> its reply to the client -> the requests after it admitted.
+(or the StreamLink) -> its reply to the client -> the requests after it admitted. Inside
+a transaction the connection is the client's already: each request goes on it as it is
+admitted (ProxyClient.lend_now()), and admission waits only after one whose reply may
+change what the session says next (session.settles: MULTI, EXEC, WATCH).
 """
 import itertools
 import math

@@ -229,8 +229,8 @@ class ClientStream:
     Admission stops at a request its session lends a connection of the client's own
     (lease not POOLED) or whose answer needs what the pool is still learning (NotYet):
     the rest is `held`. What a subclass (the proxy's client) may override: held_up() (it
-    lends `lent`, then admit_held()), answered() (the pool answered one), bounded() and
-    cut().
+    lends `lent`, then admit_held()), lend_now() (a request on the transaction's own
+    connection), answered() (the pool answered one), bounded() and cut().
     """
     gather = None   # what takes the requests each read made for the pool (the proxy's set)
 
@@ -287,6 +287,12 @@ class ClientStream:
                     requests.append(request := Request(self, request, state))
                     queue.append(request)
                     continue
+                if not long and (lent := self.lend_now(request, state)) is not None:
+                    queue.append(lent)
+                    if not session.settles:   # its reply changes nothing the session says
+                        continue
+                    self.held, self.held_error = taken[index + 1:], error   # until its reply
+                    break
                 self.lent = request   # after every reply before it: on one of its own
                 self.held, self.held_error = taken[index + 1:], error
                 self.held_up()
@@ -378,6 +384,10 @@ class ClientStream:
 
     def held_up(self):
         """Admission stopped, or what it waits for may have come (only with a pool)."""
+
+    def lend_now(self, request, state):
+        """A request for a connection that is the client's already: a subclass sends it and
+        returns its Request; None: admission stops at it."""
 
     def answered(self):
         """The pool has answered a request itself (a subclass ends what the answer ended)."""

@@ -136,7 +136,8 @@ class ProxyClient(ClientStream):
     After its EOF (or a request that could not be framed) it is closed once every reply
     it is owed has been sent; a client that has gone has its replies read and dropped.
     What its session lends it (a transaction, a wait, a stream) goes on a connection of
-    its own (part2/lease.py), closed once that is over or the client goes."""
+    its own (part2/lease.py), closed once that is over or the client goes; the requests
+    of a transaction go on its connection as they come."""
 
     def __init__(self, proxy, sock):
         super().__init__(proxy.framing, proxy, None, proxy)
@@ -242,6 +243,14 @@ class ProxyClient(ClientStream):
     def busy(self):
         return self.link is not None and self.link.barriers > 0
 
+    def lend_now(self, data, state):
+        """A request of a transaction whose connection it holds, sent as it comes; unless its
+        reply may change what the session says next (MULTI, EXEC), admission goes on."""
+        link, session = self.pinned, self.session
+        if link is None or link.closed or session.lease != HELD or not session.holds:
+            return None
+        return link.send(data, state)
+
     def lend(self, data):
         session = self.session
         try:
@@ -301,8 +310,8 @@ class ProxyClient(ClientStream):
         self.close()
 
     def own_replied(self, link):
-        if link is self.pinned and not self.session.holds:   # the transaction is over
-            self._let_go(link)
+        if link is self.pinned and not self.session.holds and not link.owed():
+            self._let_go(link)   # the transaction is over
         elif link is self.waiting_on:
             self._let_go(link)
         if self.held is not None:
@@ -322,8 +331,9 @@ class ProxyClient(ClientStream):
     def answered(self):
         if self.link is not None and not self.session.streams:   # RESET, QUIT: the stream ends
             self._end_stream()
-        if self.pinned is not None and not self.session.holds:   # an EXECABORT, RESET, QUIT the
-            self._let_go(self.pinned)   # pool answered: its transaction's connection is never lent
+        pinned = self.pinned   # an EXECABORT, RESET, QUIT the pool answered: its transaction's
+        if pinned is not None and not self.session.holds and not pinned.owed():   # connection
+            self._let_go(pinned)   # is never lent (once its replies are in: own_replied())
 
     def stream_settled(self, link):
         if not self.session.streams:   # the last unsubscribe: the stream is over
