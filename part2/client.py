@@ -74,6 +74,8 @@ class ManagedClient(Counted):
         self.state = "down"
         self.connection = None      # the Connection of states connecting and up
         self.picked = 0             # requests a set's batch picked it for, not yet placed
+        self.reserved = 0           # a set's pick() for a thread whose call has not begun
+        self.reserved_despite_cache = 0   # those made with every service disabled (see pick())
         self.transition_log = collections.deque(maxlen=TRANSITIONS_KEPT)   # (from, to, reason)
         self._shut = False
         if self.own_loop:
@@ -82,9 +84,10 @@ class ManagedClient(Counted):
     @property
     def pending_calls(self):
         """Requests placed and not yet settled, abandoned ones (their replies still owed) too,
-        and those a set's batch picked it for (placed once the batch is formed)."""
+        those a set's batch picked it for (placed once the batch is formed), and the calls a
+        set's pick() reserved it for."""
         connection = self.connection
-        return (connection.pending() if connection else 0) + self.picked
+        return (connection.pending() if connection else 0) + self.picked + self.reserved
 
     # -- a thread's call --
 
@@ -98,12 +101,25 @@ class ManagedClient(Counted):
 
     def _begin(self, call):
         self.count("calls")
-        if not self._shut and not self.rcache.is_enabled(self.addr):   # a set's pick asks instead
+        despite_cache = self._end_reservation()
+        if not self._shut and not despite_cache and not self.rcache.is_enabled(self.addr):
             call.failed(None, ServiceUnavailable("the reliability cache has disabled this port"))
             return
         request = Request(call, call.request)
         request.deadline = self.deadline()
         self.place([request])
+
+    def release(self):
+        """Give back a reservation a set's pick() made, without calling."""
+        self.loop.ask(self._end_reservation)
+
+    def _end_reservation(self):
+        """A call begins: one reservation of a set's pick() fewer; True if that pick was made
+        with every service disabled (its call does not ask the cache again)."""
+        despite = self.reserved_despite_cache > 0 and self.reserved > 0
+        self.reserved = max(self.reserved - 1, 0)
+        self.reserved_despite_cache = max(self.reserved_despite_cache - despite, 0)
+        return despite
 
     # -- on the loop --
 

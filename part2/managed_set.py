@@ -2,7 +2,8 @@
 
     service_order(), choose()   the pick, as plain functions of the loads: which service
                                 first, and which client of a service (or a new one)
-    ManagedSet                  the clients per service; pick(), call(),
+    ManagedSet                  the clients per service; pick() (a thread's, reserving
+                                the client for the call it makes next), call(),
                                 idempotent_call(); gather() (the proxy's way in: what a
                                 turn's reads made, placed once they are over, one batch per
                                 connection); each request's attempts and what their
@@ -12,7 +13,8 @@
 A request carries its attempts (pipeline.Request: attempts, tried, service, placer): the
 set picks, places it on a client, and hears of it again only if it fails. The pick runs
 on the loop, and what it picks for is placed in the same step: the loads it reads are
-the loads, so there is nothing to reserve and nothing to lock.
+the loads. A thread's pick() is made before its call, so it reserves the client: the
+next pick counts that call as pending, and a burst of threads spreads as requests do.
 """
 from part2.cache import global_rcache
 from part2.calls import (BlockingCall, ClusterServiceUnavailable, CommunicationError,
@@ -115,6 +117,7 @@ class ManagedSet(Counted):
         self.waiting = {}   # requests waiting to retry -> their Timer
         self.gathered = []  # what the turn's reads made, placed once they are over
         self.gathered_retried = self.RETRIED_BY_CALL   # what those are retried after
+        self.panicked = False   # the last pick was made with every service disabled
         self._shut = False
         if self.own_loop:
             self.loop.start()
@@ -126,13 +129,21 @@ class ManagedSet(Counted):
     # -- the pick --
 
     def pick(self, tried=()):
-        """The client a call made now would go to, and its service's index; services in
-        `tried` come after all the others. Nothing is reserved: a call placed at once
-        (as the loop does) is counted by the next pick."""
-        return self.loop.ask(self._pick, tried)
+        """The client a thread's call should go to, and its service's index; services in
+        `tried` come after all the others. The client is reserved for that call: it counts
+        as a pending call there until the client's next call() begins, so threads that pick
+        at once spread over the set (ManagedClient.release() gives one back unused)."""
+        return self.loop.ask(self._reserve, tried)
+
+    def _reserve(self, tried):
+        client, index = self._pick(tried)
+        client.reserved += 1
+        client.reserved_despite_cache += self.panicked
+        return client, index
 
     def _pick(self, tried):
         """The pick itself, on the loop: (client, service index), or ClusterServiceUnavailable."""
+        self.panicked = False
         if self._shut:
             raise ManagedError("set shut down")
         if self.lone is None:
@@ -151,6 +162,7 @@ class ManagedSet(Counted):
             if (enabled[index] or index == panic) and (client := self._client_in(index)):
                 self.picks += 1
                 if index == panic:
+                    self.panicked = True
                     self.count("panics")
                 return client, index
         self.count("refusals")

@@ -1,6 +1,7 @@
 """ManagedSet's claims (part2/managed_set.py): the pick as plain functions of the loads,
 and on a live set; call() and idempotent_call() and their retries; its own cache, which
 fails over and never refuses everything; callbacks and shut_down() from them."""
+import contextlib
 import threading
 import time
 
@@ -60,6 +61,39 @@ def test_a_live_set_spreads_pending_calls_as_choose_says_and_refuses_once_every_
         assert (managed_set.picks, managed_set.refusals, managed_set.load()) == (4, 1, [4])
         managed_set.shut_down()
         assert [call.result() for call in calls] == ["MessageLost: client shut down"] * 4
+
+
+def test_threads_that_pick_then_call_at_once_spread_over_the_set_each_its_own_reply():
+    """pick() reserves the client for the call its thread makes next: thirty threads that
+    all pick before any calls find three clients busy in turn, not one idle thirty times."""
+    with contextlib.ExitStack() as stack:
+        upstreams = [stack.enter_context(FaultyUpstream()) for _ in range(3)]
+        managed_set = ManagedSet([(upstream.addr, 1) for upstream in upstreams])
+        picked = threading.Barrier(30)
+
+        def pick_then_call(number):
+            client, _ = managed_set.pick()
+            picked.wait(Hooks.hook_timeout)   # every pick made before any call
+            return client.call(b"GET k%d\n" % number)
+        calls = [in_background(pick_then_call, number) for number in range(30)]
+        assert [call.result() for call in calls] == [
+            answer(b"GET k%d" % number)[:-1].decode() for number in range(30)]
+        served = [upstream.requests for upstream in upstreams]
+        assert min(served) >= 5 and sum(served) == 30, served
+        assert [client.reserved for clients in managed_set.clients for client in clients] == \
+            [0, 0, 0]
+        managed_set.shut_down()
+
+
+def test_a_reservation_given_back_unused_counts_no_more():
+    with FaultyUpstream() as upstream:
+        managed_set = ManagedSet([(upstream.addr, 2)])
+        client, _ = managed_set.pick()
+        assert managed_set.load() == [1]
+        client.release()
+        assert managed_set.load() == [0]
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n" and client.reserved == 0
+        managed_set.shut_down()
 
 
 def test_pick_skips_services_the_cache_has_disabled():
