@@ -2,7 +2,7 @@
 
     python3 -m bench --only redis      (make bench-redis) about three minutes
 
-redis-benchmark (GET, Debian's redis-tools) drives a private redis-server
+redis-benchmark (-t get,set, Debian's redis-tools) drives a private redis-server
 directly and through each target, at 1, 8 and 64 clients, each request waiting
 for its reply (pipeline 1) and 16 at a time on each connection (-P 16):
 
@@ -47,10 +47,11 @@ from bench.machinery import (START_TIMEOUT, ExternalRelay, Running, ServiceProce
                              one_line, progress, ratio, spread, table, tool_path)
 from bench.mechanisms import SplicePassthroughProxy
 
+TESTS = ("GET", "SET")             # redis-benchmark -t: each sends -n requests, in turn
 CLIENT_COUNTS = (1, 8, 64)         # redis-benchmark -c
 PIPELINES = (1, 16)                # redis-benchmark -P: requests in flight on each connection
 FRAMED_POOL_CAP = 8                # FramedProxy's connections to Redis
-RUN_SECONDS = 1.0                  # what a run aims at: -n is the rate seen last times this
+RUN_SECONDS = 1.0                  # what each test of a run aims at: -n is the last rate times this
 MIN_REQUESTS = 2000                # -n never below this, nor above MAX_REQUESTS
 MAX_REQUESTS = 1_000_000
 WARM_UP_REQUESTS = 10_000          # the most an untimed first run sends (no rate seen yet)
@@ -63,9 +64,9 @@ WORKERS_LABEL = "PassthroughProxy, 2 workers, placed"   # a process per core (Se
 WORKERS_TARGETS = ((8, 1.0), (64, 1.2))   # (clients, the least x socat at pipeline 1)
 MANAGED_LABEL = "ManagedProxy(RESP) 1 conn"
 # (clients, -P, the least x twemproxy)
-MANAGED_TARGETS = ((64, 1, 0.8), (64, 16, 0.8), (8, 1, 0.7))
+MANAGED_TARGETS = ((8, 1, 0.8), (64, 1, 0.9), (64, 16, 0.9))
 # the most CPU per request ManagedProxy may spend, 64 clients, -P 1
-MANAGED_CPU_US = 12.0
+MANAGED_CPU_US = 10.0
 
 
 # --- the targets ---------------------------------------------------------------------------
@@ -149,16 +150,20 @@ def start_targets(stack, notes):
 # --- one run of redis-benchmark -------------------------------------------------------------
 
 def benchmark_argv(addr, clients, pipeline, requests):
-    return ["redis-benchmark", "-h", addr[0], "-p", str(addr[1]), "-t", "get", "-n", str(requests),
-            "-c", str(clients), "-P", str(pipeline), "--csv"]
+    return ["redis-benchmark", "-h", addr[0], "-p", str(addr[1]), "-t", ",".join(TESTS).lower(),
+            "-n", str(requests), "-c", str(clients), "-P", str(pipeline), "--csv"]
 
 
 def parse_rate(csv_text):
-    """requests/s from redis-benchmark --csv's output (a header line, then "GET","rps",...)."""
-    for row in csv.DictReader(csv_text.splitlines()):
-        if row.get("test") == "GET":
-            return float(row["rps"])
-    raise ValueError(f"no GET row in redis-benchmark's output: {csv_text[-200:]!r}")
+    """requests/s over the whole run from redis-benchmark --csv's output (a header line, then
+    a row per test, "SET","rps",...): each test sends as many requests, so the run's rate
+    is the harmonic mean of the tests' rates."""
+    rates = {row.get("test"): float(row["rps"]) for row in csv.DictReader(csv_text.splitlines())
+             if row.get("test") in TESTS}
+    if len(rates) < len(TESTS):
+        raise ValueError(f"no {' and '.join(TESTS)} rows in redis-benchmark's output: "
+                         f"{csv_text[-200:]!r}")
+    return len(rates) / sum(1 / rate for rate in rates.values())
 
 
 def run_benchmark(target, clients, pipeline, requests):
@@ -190,7 +195,7 @@ def run_benchmark(target, clients, pipeline, requests):
         raise RuntimeError(f"redis-benchmark through {target.label} exited with "
                            f"{process.returncode}")
     return (parse_rate(output), steady(connections),
-            per_request(usage_before, target.relay_usage(), requests))
+            per_request(usage_before, target.relay_usage(), requests * len(TESTS)))
 
 
 def steady(samples):
@@ -437,7 +442,7 @@ def ratio_cell(figures):
 def render_redis(section):
     rows = sorted(section["rows"], key=lambda row: (row["pipeline"], row["clients"]))
     text = table(
-        f"Redis: redis-benchmark -t get through each target to a redis-server of its own, "
+        f"Redis: redis-benchmark -t get,set through each target to a redis-server of its own, "
         f"median of {section['repetitions']} repetitions of about "
         f"{section.get('run_seconds', RUN_SECONDS):g} s, targets "
         "interleaved; ratios from the same repetition; server conns: CLIENT LIST during the run, "

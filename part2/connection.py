@@ -294,7 +294,7 @@ class Connection(Deadlines):
         """The upstream's bytes: each settled request's client told, in order."""
         pipeline, client = self.pipeline, self.client
         settled, misstep = pipeline.feed(data)
-        last = len(settled) - 1
+        last, on_event, replies = len(settled) - 1, client.on_event, 0
         for index, (request, message) in enumerate(settled):
             if type(message) is not bytes and not isinstance(message, Passed):   # a piece
                 if not request.abandoned:
@@ -307,14 +307,15 @@ class Connection(Deadlines):
                 self.replied(request, message)
             elif not request.sync:
                 request.client.replied(request, message)
-                client.replies += 1
+                replies += 1
                 if (placer := request.placer) is not None and placer.on_event:
                     placer.attempt_ok(request)
             if index == last and not pipeline.owed and self.state == "up" and \
                     client.idle_timeout >= 0:
                 self._idle(request)
-            if client.on_event:
+            if on_event:
                 self._tell_reply(settled, index)
+        client.replies += replies
         if settled and not client.rcache.steady:   # a reply forgets the port's errors, if any
             client.rcache.record_success(client.addr)
         if pipeline.passing is not None and not self.ended and \

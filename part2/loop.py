@@ -1,7 +1,7 @@
 """loop: the one event loop Part two runs on, after Ocamlnet's event system (esys) and
 asyncio's selector loop.
 
-    Loop       a selector, the deadlines it keeps on an injected clock, and one turn: read
+    Loop       a poller, the deadlines it keeps on an injected clock, and one turn: read
                what is readable, place what the reads gathered, take what other threads
                handed over, fire the deadlines the clock has passed, one send per transport
                with bytes waiting; then, the turn's work over, its callbacks, completions
@@ -24,7 +24,7 @@ VirtualClock time moves only in advance(), which wakes the loop; no one sleeps.
 import heapq
 import itertools
 import os
-import selectors
+import select
 import socket
 
 from part2.calls import reason_of
@@ -32,9 +32,50 @@ from part2.clock import RealClock
 from part2.handoff import HandOff
 from part2.hooks import LOG, call_back
 
-READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+READ, WRITE = select.POLLIN, select.POLLOUT   # epoll's own bits are the same
+TROUBLE = select.POLLHUP | select.POLLERR      # reported whatever is asked: ready both ways
 SELECT_MAX = 3600.0       # seconds one select() may wait (epoll's limit is weeks); then it looks on
 INBOX_SIZE = 256 * 1024   # bytes one recv_into() may bring: the loop's one buffer, read in turn
+
+
+class Poller:
+    """The kernel's readiness queue, asked once a turn: epoll where there is one, else poll()
+    (neither has select()'s limit at descriptor 1023); for each socket watched, its handler."""
+
+    def __init__(self, epoll=hasattr(select, "epoll")):
+        self.epoll = epoll
+        self.queue = select.epoll() if self.epoll else select.poll()
+        self.watched = {}   # descriptor -> (socket, handler)
+        # poll(timeout): [(descriptor, events)] of the sockets ready, waiting at most timeout
+        # seconds; epoll's own, with no call of ours in between (poll() counts milliseconds)
+        self.poll = self.queue.poll if self.epoll else self._poll_in_milliseconds
+
+    def register(self, sock, events, handler):
+        self.queue.register(sock.fileno(), events)
+        self.watched[sock.fileno()] = (sock, handler)
+
+    def modify(self, sock, events):
+        self.queue.modify(sock.fileno(), events)
+
+    def unregister(self, sock):
+        """Watched no more (one never watched: nothing to do; one closed: forgotten)."""
+        fd = sock.fileno()
+        if fd < 0:   # closed: the kernel has forgotten it already
+            for fd, (watched, _) in list(self.watched.items()):
+                if watched is sock:
+                    del self.watched[fd]
+        elif self.watched.pop(fd, None) is not None:
+            self.queue.unregister(fd)
+
+    def _poll_in_milliseconds(self, timeout):
+        return self.queue.poll(timeout * 1000)
+
+    def close(self):
+        for sock, _ in list(self.watched.values()):
+            sock.close()   # what an owner left open: closed, never leaked
+        self.watched.clear()
+        if self.epoll:
+            self.queue.close()
 
 
 class Timer:
@@ -49,7 +90,7 @@ class Timer:
 
 
 class Loop(HandOff):
-    """A selector, a heap of deadlines, and the turn that serves them (see the module's map).
+    """A poller, a heap of deadlines, and the turn that serves them (see the module's map).
 
     What a handler registered with watch() (a listener) or a Transport's protocol may rely
     on: it is called on the loop's thread; after_reads(function) has function() called
@@ -63,8 +104,8 @@ class Loop(HandOff):
     def __init__(self, clock=None):
         super().__init__()   # self.counted: the Counted objects it owns, woken as a turn ends
         self.clock = clock or RealClock()
-        self.selector = selectors.DefaultSelector()   # epoll on Linux: no limit at descriptor 1023
-        self.selector.register(self._wake_out, READ, self._woken)
+        self.poller = Poller()
+        self.poller.register(self._wake_out, READ, self._woken)
         self.inbox = memoryview(bytearray(INBOX_SIZE))   # every recv_into(): read, then given
         self._timers = []         # heap of (when, sequence, Timer)
         self._sequence = itertools.count()   # orders timers of the same instant as they were set
@@ -79,13 +120,10 @@ class Loop(HandOff):
 
     def watch(self, sock, events, handler):
         """handler(events) whenever sock is ready (a listener: a transport watches itself)."""
-        self.selector.register(sock, events, handler)
+        self.poller.register(sock, events, handler)
 
     def unwatch(self, sock):
-        try:
-            self.selector.unregister(sock)
-        except (KeyError, ValueError):   # never watched, or already closed
-            pass
+        self.poller.unregister(sock)
 
     def at(self, when, function):
         """Call function() in the first turn whose clock time is at or past `when`."""
@@ -119,9 +157,12 @@ class Loop(HandOff):
                 timeout = 0 if wait <= 0 else min(wait, SELECT_MAX) if clock.passes \
                     else SELECT_MAX   # a clock that jumps: advance() wakes the loop
         self.reading = True
-        for key, events in self.selector.select(timeout):
+        watched = self.poller.watched
+        for fd, events in self.poller.poll(timeout):
+            if (entry := watched.get(fd)) is None:   # closed by a handler before it in the turn
+                continue
             try:
-                key.data(events)
+                entry[1](events | READ | WRITE if events & TROUBLE else events)
             except Exception:   # a bug in a handler: logged, counted; the turn goes on
                 self._raised()
         self.reading = False
@@ -200,9 +241,7 @@ class Loop(HandOff):
             self._safely(function, *args)
         self._end_turn()
         self.clock.unwatch(self)
-        for key in list(self.selector.get_map().values()):
-            key.fileobj.close()   # what an owner left open: closed, never leaked
-        self.selector.close()
+        self.poller.close()
         self._wake_in.close()
 
 
@@ -212,7 +251,7 @@ class Transport:
     It reads what comes (one recv_into() the loop's buffer a turn) and gives it to its
     protocol; write() adds to `out`, the bytes not yet sent, and sends at once when
     nothing was waiting, except while the turn reads (then in its send phase: one read's
-    replies to a client leave in one send); the selector watches for room only while bytes
+    replies to a client leave in one send); the poller watches for room only while bytes
     are left over. pause() and resume() turn reading off and on; close() closes it, once.
     limit: `out` longer than that after a send means the peer does not read: the protocol
     is told overflowed(). sent(count), if given, hears each send's count (an upstream's
@@ -230,11 +269,11 @@ class Transport:
         self.listed = False            # in the loop's send phase of this turn
         self.closed = False
         self.drained = []              # (function, below): told once out is shorter than below
-        self.watching = WRITE if connecting else READ   # what the selector watches it for
-        loop.selector.register(sock, self.watching, self.ready)
+        self.watching = WRITE if connecting else READ   # what the poller watches it for
+        loop.poller.register(sock, self.watching, self.ready)
 
     def ready(self, events):
-        """What the selector found: the connect over, bytes to read, room to send."""
+        """What the poller found: the connect over, bytes to read, room to send."""
         if self.connecting:
             self.connecting = False
             if failed := self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
@@ -279,7 +318,7 @@ class Transport:
             self.flush()
 
     def flush(self):
-        """One send of what waits; then what the selector watches it for."""
+        """One send of what waits; then what the poller watches it for."""
         self.listed = False
         out = self.out
         if self.closed or self.connecting or not out:
@@ -331,13 +370,13 @@ class Transport:
         events = (READ if self.reading else 0) | (WRITE if self.out else 0)
         if events == self.watching:
             return
-        selector = self.loop.selector
+        poller = self.loop.poller
         if not self.watching:
-            selector.register(self.sock, events, self.ready)
+            poller.register(self.sock, events, self.ready)
         elif events:
-            selector.modify(self.sock, events, self.ready)
+            poller.modify(self.sock, events)
         else:
-            selector.unregister(self.sock)
+            poller.unregister(self.sock)
         self.watching = events
 
     def end(self, reason):

@@ -143,6 +143,9 @@ class Pipeline:
         taken, error = frames.take_all()
         if frames.pieces:   # a long reply's last pieces, taken from the bytes but not given
             taken += pieces_left(frames)
+        if taken:
+            self.answered = True   # from now on an EOF may be quiet
+        settle = settled.append
         for reply in taken:
             if not owed:
                 return settled, Misstep("a reply no call was waiting for", "unexpected reply",
@@ -152,7 +155,7 @@ class Pipeline:
                 if not isinstance(reply, Passed):
                     if (misstep := self._piece(request, reply, fits)) is not None:
                         return settled, misstep
-                    settled.append((request, reply))
+                    settle((request, reply))
                     continue
                 self.passing = None   # its end settles its request as a whole reply does
             if fits and not fits(request.data, reply, framed=True):
@@ -160,11 +163,10 @@ class Pipeline:
                                         "upstream out of step: a reply did not fit its request",
                                         reply, request)
             owed.popleft()   # the load-bearing line: a reply settles the oldest request owed
-            self.answered = True
             if request.sync and (reason := self.framing.synced(request.data, reply)):
                 return settled, Misstep(f"the connection could not take a client's state: "
                                         f"{reason}")
-            settled.append((request, reply))
+            settle((request, reply))
         if error is not None:   # bytes no reply starts with
             return settled, Misstep(f"upstream out of step: a reply {self.framing!r} cannot "
                                     f"frame ({error})")

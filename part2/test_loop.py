@@ -5,6 +5,7 @@ its callbacks, its completions and its hook wake-ups; no error ends a turn. A tr
 sends at once what is written outside the reads, and stops reading when told."""
 import math
 import re
+import select
 import socket
 import threading
 import time
@@ -15,7 +16,7 @@ from conftest import ROOT
 from part2 import clock as clocks
 from part2.calls import BlockingCall, ManagedError
 from part2.hooks import Counted
-from part2.loop import Loop, Transport
+from part2.loop import READ, Loop, Poller, Transport
 from part2.managed import ReliabilityCache, VirtualClock
 from part2.managed_demo import in_background
 from tcp_proxy import Hooks
@@ -152,6 +153,20 @@ def transports(loop, count, **options):
     return made
 
 
+@pytest.mark.parametrize("epoll", [True, False] if hasattr(select, "epoll") else [False])
+def test_the_poller_reports_a_ready_socket_once_watched_and_nothing_once_not(epoll):
+    poller = Poller(epoll)
+    ours, theirs = socket.socketpair()
+    poller.register(ours, READ, print)
+    theirs.send(b"x")
+    assert poller.poll(1.0) == [(ours.fileno(), READ)]
+    poller.unregister(ours)
+    assert poller.poll(0) == [] and poller.watched == {}
+    poller.close()
+    ours.close()
+    theirs.close()
+
+
 def test_a_protocol_that_raises_is_counted_and_the_other_transports_still_read(caplog):
     loop = Loop()
     made = transports(loop, 2, fails=True) + transports(loop, 2)
@@ -194,7 +209,6 @@ def test_what_the_reads_write_is_sent_in_the_send_phase_and_a_write_after_them_a
 
 
 def select_ready(sock):
-    import select
     return bool(select.select([sock], [], [], 0)[0])
 
 
