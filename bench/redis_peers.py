@@ -33,6 +33,7 @@ note that says how to get it.
 """
 import contextlib
 import csv
+import pathlib
 import random
 import socket
 import statistics
@@ -463,3 +464,92 @@ def render_redis(section):
         [[check["target"], check["layer"], check["requests"], check["wrong"], check["failed"]]
          for check in section["checks"]], left_columns=2)
     return text + "\n" + checks
+
+
+# --- a transaction through each Redis pool ---------------------------------------------------
+
+REDIS_PY_PYTHON = pathlib.Path(__file__).resolve().parent.parent / ".venv-redis-8.1.0/bin/python"
+TRANSACTION_SETS = 10      # SETs in one redis-py pipeline(), MULTI before them and EXEC after
+TRANSACTION_ROUNDS = 2000  # pipelines timed per target and repetition, after a tenth as many
+# Run in redis-py's venv: the median microseconds of one pipeline(transaction=True).execute().
+TRANSACTION_SCRIPT = """
+import statistics, sys, time
+import redis
+host, port, rounds, sets = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+client = redis.Redis(host=host, port=port, socket_timeout=10)
+times = []
+for _ in range(rounds + rounds // 10):
+    pipe = client.pipeline(transaction=True)
+    for number in range(sets):
+        pipe.set(f"transaction:{number}", number)
+    started = time.perf_counter()
+    assert pipe.execute() == [True] * sets
+    times.append(time.perf_counter() - started)
+print(statistics.median(times[rounds // 10:]) * 1e6)
+"""
+
+
+def transaction_targets():
+    """(label, start(redis_addr) -> Running or None for direct) for the transaction line."""
+    return [("direct", None),
+            (f"FramedProxy(RESP) cap {FRAMED_POOL_CAP}, placed",
+             lambda addr: ServiceProcess("framed", addr, pool_cap=FRAMED_POOL_CAP,
+                                         framing=resp.RESP)),
+            (MANAGED_LABEL, lambda addr: ServiceProcess("managed", addr, connections=1,
+                                                        framing=resp.RESP))]
+
+
+def transaction(repetitions, notes, rounds=TRANSACTION_ROUNDS):
+    """redis-py 8's pipeline() of TRANSACTION_SETS SETs (MULTI ... EXEC), timed directly and
+    through each pool, the targets taking turns in each repetition; a row per target."""
+    if not REDIS_PY_PYTHON.exists() or not tool_path("redis-server"):
+        notes.append("transaction: skipped, needs redis-server and .venv-redis-8.1.0 "
+                     "(make wild-venvs)")
+        return {"rows": [], "repetitions": repetitions}
+    samples = {}
+    with contextlib.ExitStack() as stack:
+        started = []
+        for label, start in transaction_targets():
+            redis = stack.enter_context(RedisServer())
+            relay = stack.enter_context(start(redis.addr)) if start else Direct(redis)
+            started.append((label, relay))
+        for repetition in range(repetitions):
+            turn = repetition % len(started)
+            for label, relay in started[turn:] + started[:turn]:
+                progress(f"transaction: repetition {repetition + 1}/{repetitions}, {label}")
+                timed = subprocess.run(
+                    [str(REDIS_PY_PYTHON), "-c", TRANSACTION_SCRIPT, relay.addr[0],
+                     str(relay.addr[1]), str(rounds), str(TRANSACTION_SETS)],
+                    capture_output=True, text=True, timeout=BENCHMARK_TIMEOUT)
+                if timed.returncode:
+                    notes.append(f"transaction, {label}: {one_line(timed.stderr or 'failed')}")
+                    continue
+                samples.setdefault(label, [None] * repetitions)[repetition] = float(timed.stdout)
+    direct = samples.get("direct", [])
+    rows = [{"target": label, "us": spread([run for run in runs if run]),
+             "x_direct": spread([ratio(mine, theirs) for mine, theirs in zip(runs, direct)
+                                 if mine and theirs]) if direct else None}
+            for label, runs in samples.items()]
+    return {"rows": rows, "repetitions": repetitions, "rounds": rounds}
+
+
+def render_transaction(section):
+    return table(
+        f"redis-py 8.1.0 pipeline() of {TRANSACTION_SETS} SETs (MULTI ... EXEC) through each "
+        f"target to a redis-server of its own: median microseconds of "
+        f"{section.get('rounds', TRANSACTION_ROUNDS)} executes, median of "
+        f"{section['repetitions']} repetitions, targets interleaved",
+        ["target", "us per pipeline", "range", "x direct"],
+        [[row["target"], f"{row['us']['median']:.0f}", low_high(row["us"], "{:.0f}"),
+          ratio_cell(row["x_direct"])] for row in section["rows"]], left_columns=1)
+
+
+def transaction_targets_reached(section):
+    """ManagedProxy's transaction within TRANSACTION_MOST x its direct time."""
+    return [(f"transaction: ManagedProxy(RESP) <= {TRANSACTION_MOST:g}x direct",
+             f"{row['x_direct']['median']:.2f}x", row["x_direct"]["median"] <= TRANSACTION_MOST)
+            for row in section.get("rows", []) if row["target"] == MANAGED_LABEL and
+            row["x_direct"]]
+
+
+TRANSACTION_MOST = 2.0   # the most ManagedProxy's transaction may take, x its time direct

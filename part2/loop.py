@@ -112,7 +112,7 @@ class Loop(HandOff):
         self._after_reads = []    # functions to call once this turn's reads are over
         self._sending = []        # transports whose bytes this turn's send phase sends
         self._callbacks = []      # (owner, function, args) for the end of the turn
-        self.reading = False      # the turn's reads are under way: a write waits for the sends
+        self.gathering = False    # reads, or placing what they gathered: a write waits to be sent
         self.calling_back = False   # the turn's callbacks are being made
         self.clock.watch(self)
 
@@ -156,7 +156,7 @@ class Loop(HandOff):
                 wait = timers[0][0] - clock.now()
                 timeout = 0 if wait <= 0 else min(wait, SELECT_MAX) if clock.passes \
                     else SELECT_MAX   # a clock that jumps: advance() wakes the loop
-        self.reading = True
+        self.gathering = True
         watched = self.poller.watched
         for fd, events in self.poller.poll(timeout):
             if (entry := watched.get(fd)) is None:   # closed by a handler before it in the turn
@@ -165,7 +165,6 @@ class Loop(HandOff):
                 entry[1](events | READ | WRITE if events & TROUBLE else events)
             except Exception:   # a bug in a handler: logged, counted; the turn goes on
                 self._raised()
-        self.reading = False
         if self._after_reads:
             after_reads, self._after_reads = self._after_reads, []
             for function in after_reads:
@@ -173,6 +172,7 @@ class Loop(HandOff):
                     function()
                 except Exception:
                     self._raised()
+        self.gathering = False
         while self._handed:
             function, args = self._handed.popleft()
             self._safely(function, *args)
@@ -250,8 +250,9 @@ class Transport:
 
     It reads what comes (one recv_into() the loop's buffer a turn) and gives it to its
     protocol; write() adds to `out`, the bytes not yet sent, and sends at once when
-    nothing was waiting, except while the turn reads (then in its send phase: one read's
-    replies to a client leave in one send); the poller watches for room only while bytes
+    nothing was waiting, except while the turn reads and places what they gathered (then
+    in its send phase: a turn's replies to a client, or requests to a connection, leave
+    in one send); the poller watches for room only while bytes
     are left over. pause() and resume() turn reading off and on; close() closes it, once.
     limit: `out` longer than that after a send means the peer does not read: the protocol
     is told overflowed(). sent(count), if given, hears each send's count (an upstream's
@@ -308,7 +309,7 @@ class Transport:
         out = self.out
         if out or self.connecting:   # a send is arranged already
             out += data
-        elif self.loop.reading:   # the turn's send phase sends what its reads wrote, once
+        elif self.loop.gathering:   # the turn's send phase sends what its reads wrote, once
             out += data
             if not self.listed:
                 self.listed = True
