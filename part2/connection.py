@@ -31,8 +31,7 @@ WINDOW = 1 << 20          # bytes of a long reply its client may have unread bef
 PING = b"PING\n"          # the initial ping: a toy protocol request, and an inline command to Redis
 
 
-def due(deadline, now):
-    """True once a deadline (None: none) has come."""
+def due(deadline, now):   # once a deadline (None: none) has come
     return deadline is not None and now >= deadline
 
 
@@ -226,8 +225,8 @@ class Connection(Deadlines):
     def replied(self, request, reply):   # the connection is its ping's client
         self._up("initial ping answered")
 
-    def failed(self, request, error):   # the ping's: the connection's end says why
-        """Nothing to tell."""
+    def failed(self, request, error):   # the ping's: the connection's end says why, not this
+        pass
 
     def _up(self, reason):
         self.state = "up"

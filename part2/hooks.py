@@ -12,7 +12,7 @@ import threading
 
 from tcp_proxy import Hooks
 
-LOG = logging.getLogger("part2.managed")   # the face's name: the one a user configures
+MANAGED_LOG = logging.getLogger("part2.managed")   # the face's name: the one a user configures
 
 _FIRST_ERRORS = threading.Lock()   # guards every object's callback_error_logged
 
@@ -28,8 +28,8 @@ def call_back(owner, function, *args, otherwise=None):
             first = not getattr(owner, "callback_error_logged", False)
             owner.callback_error_logged = True
         if first:
-            LOG.exception("a callback of %s raised; it changes nothing (later ones are only "
-                          "counted, in callback_errors)", type(owner).__name__)
+            MANAGED_LOG.exception("a callback of %s raised; it changes nothing (later ones are "
+                                  "only counted, in callback_errors)", type(owner).__name__)
         owner.count("callback_errors")
         return otherwise
 

@@ -30,7 +30,7 @@ import socket
 from part2.calls import reason_of
 from part2.clock import RealClock
 from part2.handoff import HandOff
-from part2.hooks import LOG, call_back
+from part2.hooks import MANAGED_LOG, call_back
 
 READ, WRITE = select.POLLIN, select.POLLOUT   # epoll's own bits are the same
 TROUBLE = select.POLLHUP | select.POLLERR      # reported whatever is asked: ready both ways
@@ -209,7 +209,7 @@ class Loop(HandOff):
     def _raised(self):
         """In an except block: a handler raised; the first is logged, each is counted."""
         if not self.handler_errors:
-            LOG.exception("a handler on the loop raised; the turn went on")
+            MANAGED_LOG.exception("a handler on the loop raised; the turn went on")
         self.handler_errors += 1
 
     def _end_turn(self):

@@ -143,8 +143,7 @@ class Pipeline:
         taken, error = frames.take_all()
         if frames.pieces:   # a long reply's last pieces, taken from the bytes but not given
             taken += pieces_left(frames)
-        if taken:
-            self.answered = True   # from now on an EOF may be quiet
+        self.answered = self.answered or bool(taken)   # from now on an EOF may be quiet
         settle = settled.append
         for reply in taken:
             if not owed:
@@ -189,13 +188,12 @@ class Pipeline:
             self.passing = request
         return None
 
-    def drop(self, request):
-        """Forget a request, so its reply goes to the one behind it: the bug scenario 1 shows."""
+    def drop(self, request):   # its reply then goes to the one behind it: scenario 1's bug
         self.owed.remove(request)
 
     def lose(self):
-        """The connection is lost: return every request still owed, oldest first; a client
-        that half a long reply reached is cut (the rest never will)."""
+        """The connection is lost: every request still owed, oldest first; a client half a
+        long reply reached is cut."""
         owed, self.owed = self.owed, collections.deque()
         passing, self.passing = self.passing, None
         if passing is not None and not passing.abandoned:
