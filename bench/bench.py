@@ -5,6 +5,7 @@
                                      minutes
     python3 -m bench --only scale    one section (or several, comma-separated)
     python3 -m bench --only redis    redis-benchmark through the project's relays and the real ones
+    python3 -m bench --only transaction   redis-py's pipeline() of SETs in MULTI ... EXEC
     python3 -m bench --json FILE     also write every raw figure to FILE
     python3 -m bench --profile       with redis: also profile the Python relays under
                                      redis-benchmark
@@ -82,6 +83,7 @@ def targets(results):
             found.append((f"{row['clients']} clients through {row['relay']}, peak RSS < 64 MB",
                           f"{row['peak_rss_mb']:.1f} MB", row["peak_rss_mb"] < 64))
     found += redis_peers.targets(results.get("redis") or {})
+    found += redis_peers.transaction_targets_reached(results.get("transaction") or {})
     return found
 
 
@@ -119,7 +121,7 @@ def parse_arguments(argv=None):
 
 
 SECTION_NAMES = ("overhead", "alternatives", "nagle", "head_of_line", "scale", "pipelining",
-                 "redis")
+                 "redis", "transaction")
 
 
 def sections(arguments, notes):
@@ -143,6 +145,9 @@ def sections(arguments, notes):
                                                   or (1 if arguments.quick else 3), notes,
                                                   run_seconds=0.3 if arguments.quick else 1.0),
                   redis_peers.render_redis),
+        "transaction": (lambda: redis_peers.transaction(arguments.repetitions
+                                                        or (1 if arguments.quick else 3), notes),
+                        redis_peers.render_transaction),
     }
     every["redis_profile"] = (lambda: redis_peers.profile(), redis_peers.render_profile)
     if arguments.profile and "redis" in chosen:

@@ -361,8 +361,8 @@ backend upstream
 """
 
 
-# twemproxy (nutcracker): one pool, Redis protocol, one connection to the one server,
-# which is never ejected (the bench's server does not fail; a failure should show).
+# twemproxy (nutcracker): one pool, Redis protocol, one connection to the one server, made
+# at the start, never ejected (the bench's server does not fail; a failure should show).
 NUTCRACKER_CONFIG = """\
 bench:
   listen: 127.0.0.1:{port}
@@ -370,6 +370,7 @@ bench:
   hash: fnv1a_64
   distribution: ketama
   server_connections: 1
+  preconnect: true
   auto_eject_hosts: false
   servers:
    - 127.0.0.1:{upstream_port}:1

@@ -2,7 +2,7 @@
 
     python3 -m bench --only redis      (make bench-redis) about three minutes
 
-redis-benchmark (GET, Debian's redis-tools) drives a private redis-server
+redis-benchmark (-t get,set, Debian's redis-tools) drives a private redis-server
 directly and through each target, at 1, 8 and 64 clients, each request waiting
 for its reply (pipeline 1) and 16 at a time on each connection (-P 16):
 
@@ -33,6 +33,7 @@ note that says how to get it.
 """
 import contextlib
 import csv
+import pathlib
 import random
 import socket
 import statistics
@@ -47,10 +48,11 @@ from bench.machinery import (START_TIMEOUT, ExternalRelay, Running, ServiceProce
                              one_line, progress, ratio, spread, table, tool_path)
 from bench.mechanisms import SplicePassthroughProxy
 
+TESTS = ("GET", "SET")             # redis-benchmark -t: each sends -n requests, in turn
 CLIENT_COUNTS = (1, 8, 64)         # redis-benchmark -c
 PIPELINES = (1, 16)                # redis-benchmark -P: requests in flight on each connection
 FRAMED_POOL_CAP = 8                # FramedProxy's connections to Redis
-RUN_SECONDS = 1.0                  # what a run aims at: -n is the rate seen last times this
+RUN_SECONDS = 1.0                  # what each test of a run aims at: -n is the last rate times this
 MIN_REQUESTS = 2000                # -n never below this, nor above MAX_REQUESTS
 MAX_REQUESTS = 1_000_000
 WARM_UP_REQUESTS = 10_000          # the most an untimed first run sends (no rate seen yet)
@@ -63,9 +65,9 @@ WORKERS_LABEL = "PassthroughProxy, 2 workers, placed"   # a process per core (gr
 WORKERS_TARGETS = ((8, 1.0), (64, 1.2))   # (clients, the least x socat at pipeline 1)
 MANAGED_LABEL = "ManagedProxy(RESP) 1 conn"
 # (clients, -P, the least x twemproxy)
-MANAGED_TARGETS = ((64, 1, 0.8), (64, 16, 0.8), (8, 1, 0.7))
+MANAGED_TARGETS = ((8, 1, 0.8), (64, 1, 0.9), (64, 16, 0.9))
 # the most CPU per request ManagedProxy may spend, 64 clients, -P 1
-MANAGED_CPU_US = 12.0
+MANAGED_CPU_US = 10.0
 
 
 # --- the targets ---------------------------------------------------------------------------
@@ -150,16 +152,20 @@ def start_targets(stack, notes):
 # --- one run of redis-benchmark -------------------------------------------------------------
 
 def benchmark_argv(addr, clients, pipeline, requests):
-    return ["redis-benchmark", "-h", addr[0], "-p", str(addr[1]), "-t", "get", "-n", str(requests),
-            "-c", str(clients), "-P", str(pipeline), "--csv"]
+    return ["redis-benchmark", "-h", addr[0], "-p", str(addr[1]), "-t", ",".join(TESTS).lower(),
+            "-n", str(requests), "-c", str(clients), "-P", str(pipeline), "--csv"]
 
 
 def parse_rate(csv_text):
-    """requests/s from redis-benchmark --csv's output (a header line, then "GET","rps",...)."""
-    for row in csv.DictReader(csv_text.splitlines()):
-        if row.get("test") == "GET":
-            return float(row["rps"])
-    raise ValueError(f"no GET row in redis-benchmark's output: {csv_text[-200:]!r}")
+    """requests/s over the whole run from redis-benchmark --csv's output (a header line, then
+    a row per test, "SET","rps",...): each test sends as many requests, so the run's rate
+    is the harmonic mean of the tests' rates."""
+    rates = {row.get("test"): float(row["rps"]) for row in csv.DictReader(csv_text.splitlines())
+             if row.get("test") in TESTS}
+    if len(rates) < len(TESTS):
+        raise ValueError(f"no {' and '.join(TESTS)} rows in redis-benchmark's output: "
+                         f"{csv_text[-200:]!r}")
+    return len(rates) / sum(1 / rate for rate in rates.values())
 
 
 def run_benchmark(target, clients, pipeline, requests):
@@ -191,7 +197,7 @@ def run_benchmark(target, clients, pipeline, requests):
         raise RuntimeError(f"redis-benchmark through {target.label} exited with "
                            f"{process.returncode}")
     return (parse_rate(output), steady(connections),
-            per_request(usage_before, target.relay_usage(), requests))
+            per_request(usage_before, target.relay_usage(), requests * len(TESTS)))
 
 
 def steady(samples):
@@ -438,7 +444,7 @@ def ratio_cell(figures):
 def render_redis(section):
     rows = sorted(section["rows"], key=lambda row: (row["pipeline"], row["clients"]))
     text = table(
-        f"Redis: redis-benchmark -t get through each target to a redis-server of its own, "
+        f"Redis: redis-benchmark -t get,set through each target to a redis-server of its own, "
         f"median of {section['repetitions']} repetitions of about "
         f"{section.get('run_seconds', RUN_SECONDS):g} s, targets "
         "interleaved; ratios from the same repetition; server conns: CLIENT LIST during the run, "
@@ -459,3 +465,92 @@ def render_redis(section):
         [[check["target"], check["layer"], check["requests"], check["wrong"], check["failed"]]
          for check in section["checks"]], left_columns=2)
     return text + "\n" + checks
+
+
+# --- a transaction through each Redis pool ---------------------------------------------------
+
+REDIS_PY_PYTHON = pathlib.Path(__file__).resolve().parent.parent / ".venv-redis-8.1.0/bin/python"
+TRANSACTION_SETS = 10      # SETs in one redis-py pipeline(), MULTI before them and EXEC after
+TRANSACTION_ROUNDS = 2000  # pipelines timed per target and repetition, after a tenth as many
+# Run in redis-py's venv: the median microseconds of one pipeline(transaction=True).execute().
+TRANSACTION_SCRIPT = """
+import statistics, sys, time
+import redis
+host, port, rounds, sets = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+client = redis.Redis(host=host, port=port, socket_timeout=10)
+times = []
+for _ in range(rounds + rounds // 10):
+    pipe = client.pipeline(transaction=True)
+    for number in range(sets):
+        pipe.set(f"transaction:{number}", number)
+    started = time.perf_counter()
+    assert pipe.execute() == [True] * sets
+    times.append(time.perf_counter() - started)
+print(statistics.median(times[rounds // 10:]) * 1e6)
+"""
+
+
+def transaction_targets():
+    """(label, start(redis_addr) -> Running or None for direct) for the transaction line."""
+    return [("direct", None),
+            (f"SessionProxy(RESP) cap {FRAMED_POOL_CAP}, placed",
+             lambda addr: ServiceProcess("sessions", addr, pool_cap=FRAMED_POOL_CAP,
+                                         framing=resp.RESP)),
+            (MANAGED_LABEL, lambda addr: ServiceProcess("managed", addr, connections=1,
+                                                        framing=resp.RESP))]
+
+
+def transaction(repetitions, notes, rounds=TRANSACTION_ROUNDS):
+    """redis-py 8's pipeline() of TRANSACTION_SETS SETs (MULTI ... EXEC), timed directly and
+    through each pool, the targets taking turns in each repetition; a row per target."""
+    if not REDIS_PY_PYTHON.exists() or not tool_path("redis-server"):
+        notes.append("transaction: skipped, needs redis-server and .venv-redis-8.1.0 "
+                     "(make wild-venvs)")
+        return {"rows": [], "repetitions": repetitions}
+    samples = {}
+    with contextlib.ExitStack() as stack:
+        started = []
+        for label, start in transaction_targets():
+            redis = stack.enter_context(RedisServer())
+            relay = stack.enter_context(start(redis.addr)) if start else Direct(redis)
+            started.append((label, relay))
+        for repetition in range(repetitions):
+            turn = repetition % len(started)
+            for label, relay in started[turn:] + started[:turn]:
+                progress(f"transaction: repetition {repetition + 1}/{repetitions}, {label}")
+                timed = subprocess.run(
+                    [str(REDIS_PY_PYTHON), "-c", TRANSACTION_SCRIPT, relay.addr[0],
+                     str(relay.addr[1]), str(rounds), str(TRANSACTION_SETS)],
+                    capture_output=True, text=True, timeout=BENCHMARK_TIMEOUT)
+                if timed.returncode:
+                    notes.append(f"transaction, {label}: {one_line(timed.stderr or 'failed')}")
+                    continue
+                samples.setdefault(label, [None] * repetitions)[repetition] = float(timed.stdout)
+    direct = samples.get("direct", [])
+    rows = [{"target": label, "us": spread([run for run in runs if run]),
+             "x_direct": spread([ratio(mine, theirs) for mine, theirs in zip(runs, direct)
+                                 if mine and theirs]) if direct else None}
+            for label, runs in samples.items()]
+    return {"rows": rows, "repetitions": repetitions, "rounds": rounds}
+
+
+def render_transaction(section):
+    return table(
+        f"redis-py 8.1.0 pipeline() of {TRANSACTION_SETS} SETs (MULTI ... EXEC) through each "
+        f"target to a redis-server of its own: median microseconds of "
+        f"{section.get('rounds', TRANSACTION_ROUNDS)} executes, median of "
+        f"{section['repetitions']} repetitions, targets interleaved",
+        ["target", "us per pipeline", "range", "x direct"],
+        [[row["target"], f"{row['us']['median']:.0f}", low_high(row["us"], "{:.0f}"),
+          ratio_cell(row["x_direct"])] for row in section["rows"]], left_columns=1)
+
+
+def transaction_targets_reached(section):
+    """ManagedProxy's transaction within TRANSACTION_MOST x its direct time."""
+    return [(f"transaction: ManagedProxy(RESP) <= {TRANSACTION_MOST:g}x direct",
+             f"{row['x_direct']['median']:.2f}x", row["x_direct"]["median"] <= TRANSACTION_MOST)
+            for row in section.get("rows", []) if row["target"] == MANAGED_LABEL and
+            row["x_direct"]]
+
+
+TRANSACTION_MOST = 2.0   # the most ManagedProxy's transaction may take, x its time direct

@@ -299,13 +299,15 @@ def test_resp_commands_are_arrays_of_bulk_strings():
     assert redis_peers.command(b"GET", b"a") == b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n"
 
 
-def test_parse_rate_reads_the_get_row_of_redis_benchmarks_csv():
+def test_parse_rate_reads_the_runs_rate_from_the_set_and_get_rows_of_redis_benchmarks_csv():
     output = ('"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",'
               '"p99_latency_ms","max_latency_ms"\n'
-              '"GET","40322.58","1.225","0.608","1.127","1.887","2.967","9.031"\n')
-    assert redis_peers.parse_rate(output) == 40322.58
-    with pytest.raises(ValueError, match="no GET row"):
-        redis_peers.parse_rate("WARNING: Could not fetch server CONFIG\n")
+              '"SET","30000.00","1.225","0.608","1.127","1.887","2.967","9.031"\n'
+              '"GET","60000.00","1.225","0.608","1.127","1.887","2.967","9.031"\n')
+    # as many requests each: 2 n over n / 30000 + n / 60000 seconds
+    assert redis_peers.parse_rate(output) == pytest.approx(40000.0)
+    with pytest.raises(ValueError, match="no GET and SET rows"):
+        redis_peers.parse_rate(output.split('"GET"')[0])
 
 
 def test_requests_for_a_run_follow_the_last_rate_within_bounds():
@@ -391,10 +393,10 @@ def test_redis_rows_take_each_ratio_within_a_repetition_and_the_targets_read_the
                            "failed": 0}]}
     assert redis_peers.targets(section) == [
         ("redis: PassthroughProxy, placed >= 1.0x socat, 64 clients, pipeline 1", "0.90x", False),
-        ("redis: ManagedProxy(RESP) >= 0.8x twemproxy, 64 clients, pipeline 1, "
+        ("redis: ManagedProxy(RESP) >= 0.9x twemproxy, 64 clients, pipeline 1, "
          "1 server connection, 0 wrong",
          "0.38x, 1 conn, 0 wrong", False),
-        ("redis: ManagedProxy(RESP) <= 12 us of CPU per request, 64 clients, pipeline 1",
+        ("redis: ManagedProxy(RESP) <= 10 us of CPU per request, 64 clients, pipeline 1",
          "9.0 us", True),
         ("redis: ManagedProxy(RESP) 1 conn: every value read is the one written",
          "0 wrong, 0 failed of 10", True)]

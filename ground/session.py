@@ -42,7 +42,9 @@ class Session:
       wait       how long its reply may take to begin (a command that waits), or None
       quitting   the client asked to end: nothing after this request is answered
       streams    its connection is now a stream of messages no request asked for
-      settles    its replies may end the stream (an unsubscribe): the lender sends barrier()
+      settles    what the session says of the next request waits for this one's reply: it
+                 may begin or end a transaction, or end a stream (then the lender sends
+                 barrier())
     What a connection must carry, and the session's judgment of what it says:
       state                   what a connection must carry for this client's requests
       sync(state)             the requests that bring a connection carrying `state` (None: just

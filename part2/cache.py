@@ -1,101 +1,26 @@
-"""cache: which upstreams have failed lately, and how every callback is made.
+"""cache: which upstreams have failed lately.
 
-    call_back()          how every callback of Part two is made: one that raises changes
-                         nothing but its owner's callback_errors (the first is logged)
-    QuietHooks, Tallied  Hooks whose bumps take no lock; Tallied's, from any thread
     ReliabilityCache     counts errors in a row per port; disables a port (and under a
                          host policy its host) for 1, 2, 4 ... 64 s; derive() makes a
                          cache whose errors also count in its parent
     global_rcache()      the shared one, policy "none" (it never disables) until configured
 
 A cache may be shared by several loops and threads: a write to its entries holds its lock;
-its reads (is_enabled(), asked on every pick) take none, since each reads one entry's
-fields, which a write replaces whole or sets one at a time; and its counters (a success is
-counted on every read that brings a reply) are tallies, which take no lock either.
+its reads (is_enabled(), asked on a pick) take none, since each reads one entry's fields,
+which a write replaces whole or sets one at a time; and its counters are tallies, which
+take no lock either. `steady`, true while neither it nor a parent holds an entry or asks
+an availability callback, lets a pick skip is_enabled() and a reply skip record_success():
+both would say what steady says.
 """
 import collections
-import logging
 import math
 import threading
+import weakref
 
 from part2.clock import RealClock
-from ground.server import Hooks
+from part2.hooks import Tallied, call_back
 
-LOG = logging.getLogger("part2.managed")   # the face's name: the one a user configures
-
-
-# --- callbacks ------------------------------------------------------------------
-
-_FIRST_ERRORS = threading.Lock()   # guards every object's callback_error_logged
-
-
-def call_back(owner, function, *args, otherwise=None):
-    """Make one of owner's callbacks (on_event, availability). One that raises changes
-    nothing but owner.callback_errors, and gives `otherwise` instead of a result; the
-    first error of each owner is logged with its traceback, the rest only counted."""
-    try:
-        return function(*args)
-    except Exception:
-        with _FIRST_ERRORS:
-            first = not getattr(owner, "callback_error_logged", False)
-            owner.callback_error_logged = True
-        if first:
-            LOG.exception("a callback of %s raised; it changes nothing (later ones are only "
-                          "counted, in callback_errors)", type(owner).__name__)
-        owner.count("callback_errors")
-        return otherwise
-
-
-# --- counters with no lock ----------------------------------------------------
-
-class QuietHooks(Hooks):
-    """Hooks whose bumps take no lock while no one waits: a waiter counts itself in, under
-    the hook's condition, before it first looks at the counter, so a bump that finds no
-    waiter came before that look (which sees it), and one that finds a waiter wakes it
-    (loop.Counted, once a turn; Tallied, at once). A subclass bumps with no lock."""
-
-    def __init__(self):
-        super().__init__()
-        self.waiters = 0   # threads in wait_until(); changed under the hook's condition
-
-    def wait_until(self, ready, what, timeout=None):
-        with self._changed:
-            self.waiters += 1
-            try:
-                if not self._changed.wait_for(ready, timeout or self.hook_timeout):
-                    raise TimeoutError(f"gave up waiting for {what}: {self!r}")
-            finally:
-                self.waiters -= 1
-
-
-class Tallied(QuietHooks):
-    """QuietHooks whose counters several threads bump: the global cache is every set's
-    parent, so every loop bumps it, and `+=` from two threads can lose a bump. Each thread
-    adds to a tally of its own (one writer each); a counter reads as the sum of the tallies."""
-
-    def __init__(self):
-        super().__init__()
-        for name in self.counters:   # read through __getattr__, as the sum of the tallies
-            del self.__dict__[name]
-        self._tallies = {}   # thread ident -> {counter: bumps}, each written by its thread alone
-
-    def count(self, name, amount=1):
-        tally = self._tallies.get(threading.get_ident())
-        if tally is None:   # this thread's first bump
-            tally = self._tallies[threading.get_ident()] = dict.fromkeys(self.counters, 0)
-        tally[name] += amount
-        if self.waiters:
-            with self._changed:
-                self._changed.notify_all()
-
-    def __getattr__(self, attribute):   # only for names not found otherwise
-        if attribute in type(self).counters:
-            tallies = list(self._tallies.values())   # one copy: a thread may add its own meanwhile
-            return self.counters[attribute] + sum(tally[attribute] for tally in tallies)
-        return super().__getattr__(attribute)
-
-
-# --- the reliability cache ---------------------------------------------------
+_RESTATING = threading.Lock()   # held while any cache's steady is made again
 
 POLICIES = ("none", "independent", "any_failing_port_disables_host")
 DEFAULTS = {"policy": "none", "threshold": 1, "disable_timeout_min": 1.0,
@@ -110,7 +35,7 @@ def check_policy(policy):
                          f"('failing_port_disables_host', port), not {policy!r}")
 
 
-class Entry:
+class PortEntry:
     """Errors in a row for one port, and its disable window."""
 
     def __init__(self, first_window):
@@ -156,6 +81,13 @@ class ReliabilityCache(Tallied):
                  on_event=None):
         super().__init__()
         self.parent, self.on_event = parent, on_event
+        self._lock = threading.Lock()   # guards _entries and _hosts
+        self._entries = {}              # (ip, port) -> PortEntry
+        self._hosts = {}                # ip -> HostEntry, under a host policy only
+        self.children = weakref.WeakSet()   # the caches derived from it: their steady reads its
+        self.steady = False             # see the module's map; kept by _restate()
+        if parent is not None:
+            parent.children.add(self)
         # Its own settings first, then, read live, its parent's ChainMap (or the defaults): a
         # setting it does not hold is inherited. configure() swaps the own map whole.
         inherited = parent._settings if parent else {**DEFAULTS, "clock": RealClock()}
@@ -163,9 +95,6 @@ class ReliabilityCache(Tallied):
         self.configure(policy=policy, threshold=threshold, disable_timeout_min=disable_timeout_min,
                        disable_timeout_max=disable_timeout_max, availability=availability,
                        clock=clock)
-        self._lock = threading.Lock()   # guards _entries and _hosts
-        self._entries = {}              # (ip, port) -> Entry
-        self._hosts = {}                # ip -> HostEntry, under a host policy only
         self.windows = collections.deque(maxlen=64)   # the latest (key, start, end, reason);
                                                       # key: an (ip, port) or an ip
 
@@ -188,6 +117,20 @@ class ReliabilityCache(Tallied):
         if changed["threshold"] < 1 or not 0 < low <= high:
             raise ValueError("threshold >= 1 and 0 < disable_timeout_min <= disable_timeout_max")
         self._settings.maps[0] = own   # one assignment: no reader sees a rejected or half-made one
+        self._restate()
+
+    def _restate(self):
+        """steady again, here and in every cache derived from it (after each change to its
+        entries or its own availability); one lock for every cache's, so the last to run
+        reads the last change."""
+        with _RESTATING:
+            self._restate_locked()
+
+    def _restate_locked(self):
+        own = self._entries or self._hosts or self._settings.maps[0].get("availability")
+        self.steady = not own and (self.parent is None or self.parent.steady)
+        for child in list(self.children):
+            child._restate_locked()
 
     def setting(self, name):
         """A setting's value: this cache's own, else its parent's (or the default)."""
@@ -221,6 +164,7 @@ class ReliabilityCache(Tallied):
             now = self.clock.now()
             with self._lock:
                 opened = self._error(addr, now)
+            self._restate()
             for window in opened:
                 self.windows.append(window)
                 self.count("disables")
@@ -232,7 +176,7 @@ class ReliabilityCache(Tallied):
 
     def _error(self, addr, now):
         """Count one error against addr; return the windows it opens (the port's, its host's)."""
-        entry = self._entries.setdefault(addr, Entry(self.setting("disable_timeout_min")))
+        entry = self._entries.setdefault(addr, PortEntry(self.setting("disable_timeout_min")))
         entry.errors += 1
         if now < entry.disabled_until:
             return []   # already disabled: an error now does not extend the window
@@ -258,6 +202,7 @@ class ReliabilityCache(Tallied):
             with self._lock:
                 if self._entries.pop(addr, None):   # Ocamlnet: its host only if it had an entry
                     self._recompute_host(addr)
+            self._restate()
         if self.parent:
             self.parent.record_success(addr)
 

@@ -1,22 +1,24 @@
 """client: ManagedClient, one upstream connection at a time, remade when a call needs it.
 
-    ManagedClient   its settings, counters, transition log and events; place(run), which
-                    a ManagedSet (and call()) uses to send requests; call(), a thread's
-                    blocking call of one request; shut_down()
+    ManagedClient   its settings, counters, transition log and events; place(requests),
+                    which a ManagedSet (and call()) uses to send requests; call(), a
+                    thread's blocking call of one request; shut_down()
 
 The order a thread's call takes: call() -> the loop (hand-off) -> place(): a connection,
-made if the client is down (connection.py) -> written in the turn's send phase -> its
-reply read and matched in order by the connection's pipeline -> the Call it completes
--> the thread, at the end of that turn.
+made if the client is down (connection.py) -> written by its transport -> its reply read
+and matched in order by the connection's pipeline -> the BlockingCall it completes ->
+the thread, at the end of that turn.
 """
 import collections
 
 from part2.cache import global_rcache
-from part2.calls import (Call, ManagedError, MessageLost, MessageTimeout, Run, ServiceUnavailable,
-                         check_addr, check_request)
+from part2.calls import (BlockingCall, ManagedError, MessageLost, MessageTimeout, Owing,
+                         ServiceUnavailable, check_addr, check_request)
 from part2.clock import as_seconds, check_seconds, unlimited
 from part2.connection import Connection
-from part2.loop import Counted, Loop
+from part2.hooks import Counted
+from part2.loop import Loop
+from part2.pipeline import Request
 from tcp_proxy import LINES
 
 TRANSITIONS_KEPT = 64    # entries of a client's transition_log; older ones are dropped
@@ -47,7 +49,7 @@ class ManagedClient(Counted):
     # transitions  state changes; bumped by _move(), which logs each in transition_log
     # calls        thread calls begun; bumped as the loop takes one over
     # connects     sockets connected; bumped by the connection once its connect is over
-    # sent         requests queued to write, pings included; written  requests written in full
+    # sent         requests queued to write, pings included; written  requests sent in full
     # replies      replies handed to their callers; discarded  late replies of abandoned calls
     # errors       failed connections (not failed calls); bumped last by Connection.end()
     # waiting      requests placed while a connect (or its ping) was under way
@@ -68,9 +70,12 @@ class ManagedClient(Counted):
         self.initial_ping, self.idle_timeout = initial_ping, idle_timeout
         self.msg_timeout, self.msg_timeout_is_fatal = msg_timeout, msg_timeout_is_fatal
         self.clock, self.on_event, self.late_replies = self.loop.clock, on_event, late_replies
+        self.timeout = None if unlimited(msg_timeout) else msg_timeout   # what a deadline adds
         self.state = "down"
         self.connection = None      # the Connection of states connecting and up
         self.picked = 0             # requests a set's batch picked it for, not yet placed
+        self.reserved = 0           # a set's pick() for a thread whose call has not begun
+        self.reserved_despite_cache = 0   # those made with every service disabled (see pick())
         self.transition_log = collections.deque(maxlen=TRANSITIONS_KEPT)   # (from, to, reason)
         self._shut = False
         if self.own_loop:
@@ -79,9 +84,10 @@ class ManagedClient(Counted):
     @property
     def pending_calls(self):
         """Requests placed and not yet settled, abandoned ones (their replies still owed) too,
-        and those a set's batch picked it for (placed once the batch is formed)."""
+        those a set's batch picked it for (placed once the batch is formed), and the calls a
+        set's pick() reserved it for."""
         connection = self.connection
-        return (connection.pending if connection else 0) + self.picked
+        return (connection.pending() if connection else 0) + self.picked + self.reserved
 
     # -- a thread's call --
 
@@ -90,37 +96,59 @@ class ManagedClient(Counted):
         check_request(request, self.framing)
         if self._shut:
             raise ManagedError("client shut down")
-        call = Call(request, self.loop)
+        call = BlockingCall(request, self.loop)
         return self.loop.complete(call, lambda: self._begin(call))
 
     def _begin(self, call):
         self.count("calls")
-        if not self._shut and not self.rcache.is_enabled(self.addr):   # a set's pick asks instead
+        despite_cache = self._end_reservation()
+        if not self._shut and not despite_cache and not self.rcache.is_enabled(self.addr):
             call.failed(None, ServiceUnavailable("the reliability cache has disabled this port"))
             return
-        self.place(Run([call.request], call, self.deadline()))
+        request = Request(call, call.request)
+        request.deadline = self.deadline()
+        self.place([request])
+
+    def release(self):
+        """Give back a reservation a set's pick() made, without calling."""
+        self.loop.ask(self._end_reservation)
+
+    def _end_reservation(self):
+        """A call begins: one reservation of a set's pick() fewer; True if that pick was made
+        with every service disabled (its call does not ask the cache again)."""
+        despite = self.reserved_despite_cache > 0 and self.reserved > 0
+        self.reserved = max(self.reserved - 1, 0)
+        self.reserved_despite_cache = max(self.reserved_despite_cache - despite, 0)
+        return despite
 
     # -- on the loop --
 
     def deadline(self):
         """The deadline of a call placed now: msg_timeout from now, or None."""
-        return None if unlimited(self.msg_timeout) else self.clock.now() + self.msg_timeout
+        return None if self.timeout is None else self.clock.now() + self.timeout
 
-    def place(self, run):
-        """Send a run on the connection, made first if the client is down."""
+    def place(self, requests):
+        """Send requests (their deadlines set) on the connection, made first if the client
+        is down."""
         if self._shut:
-            run.fail(ManagedError("client shut down"))
+            for request in requests:
+                request.fail(ManagedError("client shut down"))
             return
-        connection = self.connection
-        if connection is not None:
-            connection.take(run)
+        if self.connection is not None:
+            self.connection.send(requests)
             return
-        if run.deadline is not None and self.clock.now() >= run.deadline:   # so is a reconnect
-            run.fail(MessageTimeout(f"no connection within {as_seconds(self.msg_timeout)}"))
+        now, placed = self.clock.now(), []
+        for request in requests:
+            if request.deadline is not None and now >= request.deadline:   # so is a reconnect
+                request.fail(MessageTimeout(f"no connection within "
+                                            f"{as_seconds(self.msg_timeout)}"))
+            else:
+                placed.append(request)
+        if not placed:
             return
-        self.connection = connection = Connection(self, run.deadline)
+        self.connection = connection = Connection(self, placed[0].deadline)
         self._move("connecting", "a call needs a connection")
-        connection.take(run)   # before the connect starts: one that fails at once fails the run too
+        connection.send(placed)   # before the connect starts: one that fails at once fails them
         connection.open()
 
     def _move(self, state, reason):
@@ -131,11 +159,12 @@ class ManagedClient(Counted):
         if self.on_event:
             self.loop.queue_callback(self, self.on_event, self, ("transition",) + transition)
 
-    def _tell(self, kind, connection, *details):
-        """Queue on_event's (kind, clock time, connection, the Owing of each run it owes now,
-        whether it has ended, *details); made with the rest of the turn's callbacks."""
+    def _tell(self, kind, connection, *details, owed=None):
+        """Queue on_event's (kind, clock time, connection, the Owing of each request it owes
+        now (or of `owed`), whether it has ended, *details); made with the turn's callbacks."""
         if self.on_event:
-            owed = tuple(run.owing() for run in connection.pipeline.owed)
+            owed = connection.pipeline.owed if owed is None else owed
+            owed = tuple(Owing(request.data, request.abandoned) for request in owed)
             event = (kind, self.clock.now(), connection, owed, connection.ended) + details
             self.loop.queue_callback(self, self.on_event, self, event)
 

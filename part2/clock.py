@@ -1,31 +1,26 @@
 """clock: the time every deadline of Part two is read on.
 
-    RealClock      monotonic time; a loop blocks in select() until its next deadline
+    RealClock      monotonic time: it passes by itself, so a loop waits for its next
+                   deadline in select()
     VirtualClock   time that stands still until advance(): the demo and the tests move
                    it, and every loop watching it wakes to fire what the new time passed
     check_seconds(), unlimited(), as_seconds()   timeouts as users write them
 
-A clock offers four methods, and the loop calls all of them: now(); timeout_until(deadline),
-how long a select() may block before deadline comes (None: until something wakes it);
-watch(loop) and unwatch(loop), which a clock that jumps uses to wake the loops reading it.
+A clock offers now(); `passes`, true for time that moves by itself (a loop then waits in
+select() until its next deadline; false: until something wakes it); and watch(loop) and
+unwatch(loop), which a clock that jumps uses to wake the loops reading it.
 """
 import math
 import threading
 import time
 
-NEVER = threading.TIMEOUT_MAX   # a timeout this long (about 292 years) or longer, inf too, is none
+LONGEST_WAIT = threading.TIMEOUT_MAX   # a timeout this long (about 292 years) or more is none
 
 
 class RealClock:
     """Monotonic time: a deadline comes by itself, so a loop waits for it in select()."""
-
-    def now(self):
-        return time.monotonic()
-
-    def timeout_until(self, deadline):
-        if deadline is None:
-            return None
-        return min(max(deadline - self.now(), 0), NEVER)
+    passes = True
+    now = staticmethod(time.monotonic)   # read in C: the time costs no Python call
 
     def watch(self, loop):
         """Nothing to do: real time passes by itself."""
@@ -36,6 +31,7 @@ class RealClock:
 class VirtualClock:
     """Time that moves only when advance() is called; then every loop watching it wakes,
     and its next turn fires the deadlines the new time has passed. No one sleeps on it."""
+    passes = False
 
     def __init__(self, start=0.0):
         self._now = start
@@ -44,10 +40,6 @@ class VirtualClock:
 
     def now(self):
         return self._now
-
-    def timeout_until(self, deadline):
-        """0 for a deadline already passed; else None: only advance() can bring it."""
-        return 0 if deadline is not None and deadline <= self._now else None
 
     def watch(self, loop):
         with self._guard:
@@ -70,14 +62,15 @@ class VirtualClock:
 
 
 def check_seconds(name, seconds):
-    """A timeout a user wrote: a number, and not NaN (negative, inf or NEVER and more mean none)."""
+    """A timeout a user wrote: a number, and not NaN (negative, inf, or LONGEST_WAIT and more
+    mean none)."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds):
         raise ValueError(f"{name} is a number of seconds (negative or inf: none), not {seconds!r}")
 
 
 def unlimited(seconds):
     """True for a timeout that is none: negative, inf, or too long for any wait to take."""
-    return seconds < 0 or seconds >= NEVER
+    return seconds < 0 or seconds >= LONGEST_WAIT
 
 
 def as_seconds(value):

@@ -2,39 +2,36 @@
 
     start_connect()  a non-blocking connect begun (scaffolding of the socket API)
     Connection       connecting (the connect, then the initial ping if asked) -> up ->
-                     ended; its Pipeline (the runs it owes replies to); the runs waiting
-                     to be written; the deadlines it keeps on the loop's clock; end(),
-                     the one way it ends, which fails what it owes
+                     ended; its Transport (the socket) and its Pipeline (the requests it
+                     owes replies to); the requests waiting to be queued; end(), the one
+                     way it ends, which fails what it owes
     Deadlines        the deadlines half of Connection (its base): the timer and the
                      opening deadline it owns, arm(), _check() and what each does
 
-The order a run takes: take() (queued at once when up, else it waits) -> the turn's send
-phase (flush(): one send) -> the upstream's replies, read by the turn (_read(): the
-pipeline's feed()) -> the run's sink. The deadlines: the connect and the ping (the opening
-run's), the oldest run owed (placed, plus msg_timeout), an abandoned run's missing reply
-(msg_timeout later), the idle timeout. One timer is set, for the earliest; it may fire
-early (the oldest run was answered meanwhile), and is then set again.
+The order a request takes: send() (queued at once when up, else it waits) -> the
+pipeline's bytes, which the transport writes -> the replies it reads (received(): the
+pipeline's feed()) -> each request's client. The deadlines: the connect and the ping,
+the oldest request owed (placed, plus msg_timeout), an abandoned request's missing reply
+(msg_timeout later), the idle timeout: one timer, for the earliest, set again as it fires.
 """
 import collections
 import errno
 import os
 import socket
 
-from part2.calls import (IGNORED, CommunicationError, MessageLost, MessageTimeout, Owing, Run,
-                         reason_of)
+from part2.calls import CommunicationError, MessageLost, MessageTimeout, Owing, reason_of
 from part2.clock import as_seconds, unlimited
-from part2.loop import READ, WRITE
-from part2.pipeline import OutOfStep, Pipeline
+from part2.loop import Transport
+from part2.pipeline import Pipeline, Request
+from ground.frames import Passed
 
-ABANDONED_MAX = 64      # abandoned runs one connection may owe; one more ends it (a memory bound)
-OUT_MAX = 256 * 1024    # bytes of requests queued on a connection before the next runs wait
-READ_SIZE = 256 * 1024  # bytes asked of one recv() from the upstream
-WINDOW = 1 << 20        # bytes of a long reply its client may have unread before reading stops
-PING = b"PING\n"        # the initial ping: a toy protocol request, and an inline command to Redis
+ABANDONED_MAX = 64        # abandoned requests one connection may owe; one more ends it
+QUEUED_MAX = 256 * 1024   # bytes of requests unsent on a connection before the next ones wait
+WINDOW = 1 << 20          # bytes of a long reply its client may have unread before reading stops
+PING = b"PING\n"          # the initial ping: a toy protocol request, and an inline command to Redis
 
 
-def due(deadline, now):
-    """True once a deadline (None: none) has come."""
+def due(deadline, now):   # once a deadline (None: none) has come
     return deadline is not None and now >= deadline
 
 
@@ -47,7 +44,6 @@ def start_connect(addr):
     except OSError as error:
         return None, reason_of(error)
     sock.setblocking(False)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     failed = sock.connect_ex(sockaddr)
     if failed in (0, errno.EINPROGRESS):
         return sock, None
@@ -56,17 +52,15 @@ def start_connect(addr):
 
 
 class Deadlines:
-    """A connection's deadlines (Connection's, by inheritance): the connect's and the initial
-    ping's, each owed run's msg_timeout, the waiting runs', the idle timeout; one timer set
-    for the earliest, and what each does once it has passed. It owns the timer and the
-    opening run's deadline; the rest it reads of the connection it is part of."""
+    """A connection's deadlines (Connection's, by inheritance), one timer for the earliest,
+    and what each does once it has passed. It owns the timer and the opening deadline; the
+    rest it reads of the connection it is part of."""
 
     def __init__(self, connect_deadline):
-        self.connect_deadline = connect_deadline   # the opening run's: the connect and the ping
+        self.connect_deadline = connect_deadline   # the connect's and the initial ping's
         self.timer = None                          # the loop's timer for the earliest deadline
 
-    def disarm(self):
-        """No deadline fires any more: the connection has ended."""
+    def disarm(self):   # the connection has ended: no deadline fires any more
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -82,11 +76,11 @@ class Deadlines:
 
     def _next_deadline(self):
         deadlines = [self.idle_deadline(), self.waiting[0].deadline if self.waiting else None]
-        if not self.connected or self.ping and not self.ping.over():
+        if self.state == "connecting":
             deadlines.append(self.connect_deadline)
-        for run in self.pipeline.owed:   # abandoned runs come first: they are the oldest
-            deadlines.append(run.overdue_at if run.abandoned else run.deadline)
-            if not run.abandoned:
+        for request in self.pipeline.owed:   # abandoned ones come first: they are the oldest
+            deadlines.append(request.overdue_at if request.abandoned else request.deadline)
+            if not request.abandoned:
                 break
         return min((deadline for deadline in deadlines if deadline is not None), default=None)
 
@@ -102,24 +96,23 @@ class Deadlines:
         self.timer = None
         client, now = self.client, self.client.clock.now()
         timeout = as_seconds(client.msg_timeout)
-        connecting = not self.connected or self.ping and not self.ping.over()
-        if self.ended or connecting and self._connect_timed_out(now, timeout):
+        if self.ended or self.state == "connecting" and self._connect_timed_out(now, timeout):
             return
         if not self._check_owed(now, timeout):
             return
         late = "still connecting after" if self.state == "connecting" else "request not sent within"
         while self.waiting and due(self.waiting[0].deadline, now):
-            self._fail(self.waiting.popleft(), MessageTimeout(f"{late} {timeout}"))
+            self.waiting.popleft().fail(MessageTimeout(f"{late} {timeout}"))
         if (idle_end := self.idle_deadline()) is not None and now >= idle_end:
             self.end(f"idle for {as_seconds(client.idle_timeout)}")
             return
         self.arm()
 
     def _connect_timed_out(self, now, timeout):
-        """The connect or the ping past the opening run's deadline ends the connection."""
+        """The connect or the ping past the opening deadline ends the connection."""
         if not due(self.connect_deadline, now):
             return False
-        if not self.connected:
+        if self.ping is None:
             self.end("connect failed: timed out", CommunicationError("cannot connect: timed out"))
         else:
             self.end("initial ping not answered in time",
@@ -127,246 +120,246 @@ class Deadlines:
         return True
 
     def _check_owed(self, now, timeout):
-        """The owed runs' deadlines, oldest first; False once the connection has ended."""
+        """The owed requests' deadlines, oldest first; False once the connection has ended."""
         owed, index = self.pipeline.owed, 0
         while index < len(owed):
-            run = owed[index]
-            if run.abandoned and now >= run.overdue_at:
-                self.end("an abandoned call's reply is overdue",
-                         MessageLost("a timed-out call's reply never came"))
-            elif not run.abandoned and not due(run.deadline, now):
+            request = owed[index]
+            if request.abandoned:
+                if now >= request.overdue_at:
+                    self.end("an abandoned call's reply is overdue",
+                             MessageLost("a timed-out call's reply never came"))
+                    return False
+                index += 1
+                continue
+            if not due(request.deadline, now):
                 return True
-            elif not run.abandoned and not self.pipeline.is_written(run):   # part of it on the wire
-                self._fail(run, MessageTimeout(f"request not sent within {timeout}"))
+            if request.end > self.written:   # part of it is still unsent
+                self._forget(request, MessageTimeout(f"request not sent within {timeout}"))
                 self.end("a request not written in time",
                          MessageLost("a request not written in time closed the connection"))
-            elif not run.abandoned:
-                self._time_out(run, now, timeout)
+                return False
+            self._time_out(request, now, timeout)   # it leaves its place, or a stand-in keeps it
             if self.ended:
                 return False
-            index += run.abandoned   # an abandoned run keeps its place; a forgotten one has left
         return True
 
-    def _time_out(self, run, now, timeout):
-        """An owed run's deadline has passed: what becomes of it and of the connection."""
+    def _time_out(self, request, now, timeout):
+        """An owed request's deadline has passed: what becomes of it and of the connection."""
         client = self.client
-        request = b"".join(run.requests[run.answered:])
         error = MessageTimeout(f"no reply within {timeout}")
         if client.msg_timeout_is_fatal:   # Ocamlnet: the other calls on it are lost, not timed out
-            self._fail(run, error)
+            self._forget(request, error)
             self.end("message timeout (fatal)",
                      MessageLost("another call's fatal message timeout closed the connection"))
         elif client.late_replies == "forget":   # scaffolding: the bug, as a real code path
-            self._forget(run, error)
-        else:   # its replies are still owed: thrown away as they come; they keep the client busy
-            self._abandon(run, error, now)
-        client._tell("timed out", self, request)
+            self._forget(request, error)
+        else:   # its reply is still owed: thrown away as it comes; it keeps the client busy
+            self._abandon(request, error, now)
+        client._tell("timed out", self, request.data)
 
-    def _forget(self, run, error):
-        self.pipeline.drop(run)   # so the next reply goes to the run behind it
-        self._fail(run, error)
+    def _forget(self, request, error):
+        """It leaves the queue, its caller told: so the next reply goes to the request behind
+        it (the bug scaffolding shows), unless the connection ends first (a fatal timeout)."""
+        self.pipeline.drop(request)
+        request.fail(error)
 
-    def _abandon(self, run, error, now):
-        run.sink.failed(run, error)
-        run.abandoned, run.overdue_at = True, now + self.client.msg_timeout
+    def _abandon(self, request, error, now):
+        """Its caller is told; a stand-in keeps its place, so the request may go on (a retry)."""
+        owed = self.pipeline.owed
+        stand_in = Request(None, request.data)
+        stand_in.end, stand_in.abandoned = request.end, True
+        stand_in.overdue_at = now + self.client.msg_timeout
+        owed[owed.index(request)] = stand_in
+        request.fail(error)
         self.abandoned += 1
         if self.abandoned > ABANDONED_MAX:
             self.end(f"more than {ABANDONED_MAX} abandoned calls owed",
                      MessageLost("too many replies overdue on the connection"))
 
-    def _fail(self, run, error):
-        self.pending -= run.owing_count()
-        run.fail(error)
-
 
 class Connection(Deadlines):
-    """One connection's life (see the module's map). Its client holds the settings, the
-    counters and the events; the connection changes them through the client's _move(),
-    _tell() and _record_error(), and bumps its counters."""
+    """One connection's life (see the module's map), and its transport's protocol. Its
+    client holds the settings, the counters and the events; the connection changes them
+    through the client's _move(), _tell() and _record_error(), and bumps its counters."""
 
     def __init__(self, client, deadline):
         super().__init__(deadline)
         self.client, self.loop = client, client.loop
         self.state = "connecting"
-        self.sock = None
+        self.transport = None
         fit = client.late_replies != "forget"   # scaffolding: the forgetful client checks nothing
-        self.pipeline = Pipeline(client.framing, self._settled, check_fit=fit)
-        self.waiting = collections.deque()   # runs placed, not yet queued: connecting, or no room
-        self.ping = None
-        self.connected = self.ended = False
-        self.pending = 0         # requests placed here and not yet settled, abandoned ones included
-        self.abandoned = 0       # runs owed whose callers gave up
+        self.pipeline = Pipeline(client.framing, check_fit=fit)
+        self.waiting = collections.deque()   # placed, not yet queued: connecting, or no room
+        self.unwritten = collections.deque()   # requests queued whose last byte is not sent
+        self.written = 0         # bytes the transport has sent
+        self.ping, self.ended = None, False
+        self.abandoned = 0       # requests owed whose callers gave up
         self.idle_since = None
-        self.replied_now = False   # a reply came in the read being handled
-        self.flushing = False    # listed for this turn's send phase
-        self.inbox = None        # once connected: what each recv_into() fills (see _read())
-        self.watching = 0        # the events the loop watches its socket for (Loop.want())
-        self.paused = False      # not read while a long reply's client has its window full
-        self.drained = None      # what to call once its queue is short again (a long request)
+        self.passing_to = None   # the client a long reply's pieces went to last
+
+    def pending(self):   # placed here and not yet settled, abandoned ones (owed still) too
+        return len(self.pipeline.owed) + len(self.waiting)
 
     # -- connecting --
 
     def open(self):
-        self.sock, failed = start_connect(self.client.addr)
+        sock, failed = start_connect(self.client.addr)
         if failed:
-            self._connect_failed(failed)
+            self.ended_connecting(failed)
             return
-        self.loop.want(self, WRITE)   # writable once the connect is over, whatever its outcome
+        self.transport = Transport(self.loop, sock, self, connecting=True, sent=self._sent)
         self.arm()
 
-    def _connect_failed(self, reason):
+    def ended_connecting(self, reason):
         self.end(f"connect failed: {reason}", CommunicationError(f"cannot connect: {reason}"))
 
-    def _connect_over(self):
-        if failed := self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            self._connect_failed(os.strerror(failed))
-            return
-        self.connected = True
-        self.inbox = memoryview(bytearray(READ_SIZE))
+    def connected(self):
         self.client.count("connects")
-        self.loop.want(self, READ)
         if self.client.initial_ping:   # nothing else is written before it is answered
-            self.ping = Run([PING], IGNORED, self.connect_deadline, is_ping=True)   # see _settled()
-            self._send(self.ping)
+            self.ping = Request(self, PING)
+            self.ping.deadline = self.connect_deadline
+            self.send([self.ping], at_once=True)
         else:
             self._up("connected")
+
+    def replied(self, request, reply):   # the connection is its ping's client
+        self._up("initial ping answered")
+
+    def failed(self, request, error):   # the ping's: the connection's end says why, not this
+        pass
 
     def _up(self, reason):
         self.state = "up"
         self.idle_since = self.client.clock.now()
         self.client._move("up", reason)
-        self.loop.flush_soon(self)   # the runs that waited go out in this turn's send phase
+        self._send_waiting()
         self.arm()
 
-    # -- runs in, bytes out --
+    # -- requests in, bytes out --
 
-    def take(self, run):
-        """A run placed on this connection: queued at once, or after the runs waiting."""
-        self.pending += len(run.requests)
-        if self.state == "up" and not self.waiting and len(self.pipeline.out) < OUT_MAX:
-            self._send(run)
+    def send(self, requests, at_once=False):
+        """Requests placed on this connection: queued now when it is up with room, and
+        nothing waits before them (or at_once: the ping, those that waited); else they wait."""
+        if at_once or self.state == "up" and not self.waiting and \
+                len(self.transport.out) < QUEUED_MAX:
+            client = self.client
+            data = self.pipeline.queue(requests)
+            self.unwritten.extend(requests)
+            client.sent += len(requests)
+            if client.on_event:
+                client._tell("sent", self, data)
+            self.transport.write(data)
         else:
             if self.state == "connecting":
-                self.client.count("waiting")
-            self.waiting.append(run)
-        if run.deadline is not None and (self.timer is None or run.deadline < self.timer.when):
+                self.client.count("waiting", len(requests))
+            self.waiting.extend(requests)
+        deadline = requests[0].deadline
+        if deadline is not None and (self.timer is None or deadline < self.timer.when):
             self.arm()
 
-    def _send(self, run):
-        self.pending += self.pipeline.queue(run)   # the sync before it (a state) is owed too
-        self.client.sent += len(run.requests)
-        if self.client.on_event:
-            self.client._tell("sent", self, run.data)
-        if not self.flushing:
-            self.loop.flush_soon(self)
+    def _send_waiting(self):
+        """The requests that waited, as many as there is room for; the rest once there is."""
+        waiting, transport = self.waiting, self.transport
+        while waiting and not self.ended and len(transport.out) < QUEUED_MAX:
+            room, batch = QUEUED_MAX - len(transport.out), []
+            while waiting and room > 0:
+                batch.append(request := waiting.popleft())
+                room -= len(request.data)
+            self.send(batch, at_once=True)
+        if waiting and not self.ended:
+            transport.when_drained(self._send_waiting, QUEUED_MAX)
 
-    def flush(self):
-        """The turn's one send: what is queued, and the waiting runs there is room for."""
-        self.flushing = False
-        pipeline = self.pipeline
-        while self.waiting and self.state == "up" and len(pipeline.out) < OUT_MAX:
-            self._send(self.waiting.popleft())
-        if self.ended or not self.connected:
-            return
-        if pipeline.out:
-            try:
-                sent = self.sock.send(pipeline.out)
-            except BlockingIOError:
-                sent = 0
-            except OSError as error:
-                reason = reason_of(error)
-                self.end(f"send failed: {reason}", MessageLost(f"send failed: {reason}"))
-                return
-            for run in pipeline.wrote(sent):
-                self.client.written += len(run.requests)
-        if self.drained is not None and len(pipeline.out) < OUT_MAX:
-            drained, self.drained = self.drained, None
-            drained()
-        events = (0 if self.paused else READ) | (WRITE if pipeline.out else 0)
-        if events != self.watching:
-            self.loop.want(self, events)
+    def _sent(self, count):
+        """The transport sent count bytes: the requests whose last byte went are written."""
+        self.written += count
+        unwritten, done = self.unwritten, 0
+        while unwritten and unwritten[0].end <= self.written:
+            unwritten.popleft()
+            done += 1
+        self.client.written += done
 
-    def ready(self, events):
-        if not self.connected:
-            self._connect_over()
-        elif events & READ:
-            self._read()
-        if events & WRITE and self.connected and not self.ended:
-            self.loop.flush_soon(self)
+    def extend(self, request, piece):
+        """More of request's one long request (a connection of a client's own carries it
+        alone); return the bytes not yet sent."""
+        if request in self.waiting:   # not queued yet: it goes with the rest, once it is
+            request.data += piece
+            return len(request.data)
+        self.transport.write(self.pipeline.extend(request, piece))
+        return len(self.transport.out)
 
     # -- bytes in, replies out --
 
-    def _read(self):
-        """One recv_into() the connection's own buffer: a recv() of READ_SIZE would make (and
-        the allocator map and unmap) a new buffer that large for every read."""
-        inbox = self.inbox
-        try:
-            count = self.sock.recv_into(inbox)
-        except BlockingIOError:
-            return
-        except OSError:   # a reset reads as an EOF
-            count = 0
-        if not count:
-            self._stream_ended("upstream closed the connection")
-            return
-        self.replied_now, out_of_step = False, None
-        try:
-            self.pipeline.feed(inbox[:count])   # the pipeline's Frames copies what it keeps
-        except OutOfStep as error:
-            out_of_step = error
-        if self.replied_now:   # a reply is the proof of health, not a connect; once per read
-            self.client.rcache.record_success(self.client.addr)
-        if (passing_to := self.pipeline.passing_to) is not None and not self.ended and \
-                passing_to.backlog() > WINDOW:   # a long reply: read on once its client has read
-            self.paused = True
-            self.loop.want(self, WRITE if self.pipeline.out else 0)
-            passing_to.drained = self._read_again
-        if out_of_step:
-            run = out_of_step.run
-            oldest = Owing(run.requests[run.answered], run.abandoned) if run else None
-            self.end(str(out_of_step), MessageLost(out_of_step.lost))
-            if out_of_step.reply is not None:   # the reply that proved it is told too
-                self.client._tell("reply", self, out_of_step.reply, oldest)
+    def received(self, data):
+        """The upstream's bytes: each settled request's client told, in order."""
+        pipeline, client = self.pipeline, self.client
+        settled, misstep = pipeline.feed(data)
+        last, on_event, replies = len(settled) - 1, client.on_event, 0
+        for index, (request, message) in enumerate(settled):
+            if type(message) is not bytes and not isinstance(message, Passed):   # a piece
+                if not request.abandoned:
+                    self.passing_to = request.client.passing(request, message)
+                continue
+            if request.abandoned:
+                client.discarded += 1
+                self.abandoned -= 1
+            elif request.client is self:
+                self.replied(request, message)
+            elif not request.sync:
+                request.client.replied(request, message)
+                replies += 1
+                if (placer := request.placer) is not None and placer.on_event:
+                    placer.attempt_ok(request)
+            if index == last and not pipeline.owed and self.state == "up" and \
+                    client.idle_timeout >= 0:
+                self._idle(request)
+            if on_event:
+                self._tell_reply(settled, index)
+        client.replies += replies
+        if settled and not client.rcache.steady:   # a reply forgets the port's errors, if any
+            client.rcache.record_success(client.addr)
+        if pipeline.passing is not None and not self.ended and \
+                self.passing_to.backlog() > WINDOW:   # a long reply: on once its client has read
+            self.transport.pause()
+            self.passing_to.when_caught_up(self._read_again)
+        if misstep is not None:
+            request = misstep.request
+            oldest = Owing(request.data, request.abandoned) if request else None
+            self.end(misstep.reason, MessageLost(misstep.lost))
+            if misstep.reply is not None:   # the reply that proved it is told too
+                client._tell("reply", self, misstep.reply, oldest)
+
+    def _idle(self, request):
+        """The last reply owed has come."""
+        client = self.client
+        self.idle_since = client.clock.now()
+        if client.idle_timeout == 0 and request is not self.ping:
+            self.end("idle: closed after the last reply (idle_timeout 0)")
+        else:
+            self.arm()
+
+    def _tell_reply(self, settled, index):
+        """on_event's "reply" for settled[index], with what was owed right after it."""
+        request, message = settled[index]
+        owed = [later for later, kept in settled[index + 1:]
+                if type(kept) is bytes or isinstance(kept, Passed)] + list(self.pipeline.owed)
+        self.client._tell("reply", self, message, Owing(request.data, request.abandoned), owed=owed)
 
     def _read_again(self):
-        self.paused = False
         if not self.ended:
-            self.loop.want(self, READ | (WRITE if self.pipeline.out else 0))
+            self.transport.resume()
 
-    def extend(self, run, piece):
-        """More of run's one long request (a connection of a client's own carries it alone)."""
-        if run in self.waiting:   # not queued yet: it goes with the rest, once it is
-            run.data += piece
+    def hung_up(self, reason):
+        """The transport's end: an EOF (reason None), or a failed connect or send."""
+        if self.state == "connecting" and self.ping is None:
+            self.ended_connecting(reason or "connection closed")
+        elif reason is not None:
+            self.end(f"send failed: {reason}", MessageLost(f"send failed: {reason}"))
         else:
-            self.pipeline.extend(run, piece)
-        if not self.flushing:
-            self.loop.flush_soon(self)
-
-    def _settled(self, run, replies, first):
-        """The pipeline's report: run's share of this read has come (see Pipeline)."""
-        client = self.client
-        self.pending -= len(replies)
-        self.replied_now = True
-        if run.abandoned:
-            client.discarded += len(replies)
-            self.abandoned -= run.over()
-        elif run.is_ping:
-            self._up("initial ping answered")
-        else:
-            client.replies += len(replies)
-        if not self.pipeline.owed and self.state == "up" and client.idle_timeout >= 0:
-            self.idle_since = client.clock.now()
-            if client.idle_timeout == 0 and not run.is_ping:
-                self.end("idle: closed after the last reply (idle_timeout 0)")
-            else:
-                self.arm()
-        if client.on_event:
-            oldest = Owing(b"".join(run.requests[first:first + len(replies)]), run.abandoned)
-            client._tell("reply", self, b"".join(replies), oldest)
+            self._stream_ended("upstream closed the connection")
 
     def _stream_ended(self, problem):
         """The upstream's EOF: quiet only after a reply, with nothing owed that anyone waits for."""
-        waited_for = sum(run.owing_count() for run in self.pipeline.owed if not run.abandoned)
+        waited_for = sum(not request.abandoned for request in self.pipeline.owed)
         if waited_for:
             self.end(f"{problem} with {waited_for} call(s) owed", MessageLost(problem))
         elif not self.pipeline.answered:
@@ -378,8 +371,9 @@ class Connection(Deadlines):
     # -- the end --
 
     def end(self, reason, failure=None, lost=None):
-        """Down for good, once. A failure counts one error and fails every run on it; a quiet
-        end gives its waiting runs to the client's next connection, its owed ones `lost`."""
+        """Down for good, once. A failure counts one error and fails every request on it; a
+        quiet end gives its waiting ones to the client's next connection, its owed ones
+        `lost`."""
         if self.ended:
             return
         client = self.client
@@ -390,16 +384,17 @@ class Connection(Deadlines):
         if client.connection is self:
             client.connection = None
             client._move("down", reason)
-        if self.sock is not None:
-            self.loop.forget(self.sock)
-        self.inbox = None   # its buffer goes with it, whoever still holds the connection
-        self.pending -= self.pipeline.lose(failure or lost or MessageLost(reason))
+        if self.transport is not None:
+            self.transport.close()
+        error = failure or lost or MessageLost(reason)
+        for request in self.pipeline.lose():
+            if not request.abandoned:   # an abandoned one's caller has its error already
+                request.fail(error)
         waiting, self.waiting = self.waiting, collections.deque()
-        for run in waiting:
-            if failure or lost:
-                self._fail(run, failure or lost)
-            else:
-                self.pending -= run.owing_count()
-                client.place(run)
+        if failure or lost:
+            for request in waiting:
+                request.fail(failure or lost)
+        elif waiting:
+            client.place(list(waiting))
         if failure:
             client.count("errors")

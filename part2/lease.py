@@ -3,17 +3,17 @@ a wait, a stream), on the set's loop, beside the shared pipeline. A reader of th
 path need not read it: a client that never asks for any of this never reaches it.
 
     ManagedLending  one proxy's lender, as its sessions see it (ground/session.py names what
-                    it drives): next_id(), facts() learned once through the
-                    set (NotYet until then), how many connections of their own its
-                    clients have (within the framing's dedicated_cap)
+                    it drives): next_id(), facts() learned once through the set (NotYet
+                    until then), how many connections of their own its clients have
+                    (within the framing's dedicated_cap)
     SessionFraming  the framing of a client's own connection: its fit is the session's
                     (inside MULTI, +QUEUED), and each reply is told to the session as its
                     fit is checked, in order (a transaction begun or ended)
     OwnLink         a connection of one client's own (a transaction's or a wait's): a
-                    ManagedClient on the set's loop that the set's pick never sees; closed
-                    once the transaction or the wait is over, never lent to another
-    OwnSink         the sink of a request on it: its reply to the client's entry, then
-                    what the reply ended
+                    ManagedClient on the set's loop that the set's pick never sees; the
+                    client of the requests sent on it (their replies to the client's
+                    stream, then what each ended); closed once the transaction or the
+                    wait is over, never lent to another
     StreamLink      a client's stream (SUBSCRIBE, MONITOR) on a connection of its own: the
                     upstream's messages to the client as they come (a long one in pieces),
                     each request followed by the session's barrier, whose reply tells the
@@ -21,19 +21,21 @@ path need not read it: a client that never asks for any of this never reaches it
 
 The order a lent request takes: ClientStream.admit() (session.lease is not POOLED) ->
 it waits until every request before it is answered -> ProxyClient.lend() -> an OwnLink
-(or the StreamLink) -> its reply to the client -> the requests after it admitted.
+(or the StreamLink) -> its reply to the client -> the requests after it admitted. Inside
+a transaction the connection is the client's already: each request goes on it as it is
+admitted (ProxyClient.lend_now()), and admission waits only after one whose reply may
+change what the session says next (session.settles: MULTI, EXEC, WATCH).
 """
 import collections
 import itertools
 import math
-import os
-import socket
 
-from part2.calls import ManagedError, Run
+from part2.calls import ManagedError
 from part2.client import ManagedClient
-from part2.connection import READ_SIZE, start_connect
-from part2.loop import READ, WRITE
+from part2.connection import QUEUED_MAX, start_connect
+from part2.loop import Transport
 from ground.session import HELD, NotYet
+from part2.pipeline import Request
 from ground.frames import Frames, Passed, Piece
 
 FACTS_RETRY = 1.0   # seconds the pool answers with its failure to learn, before it asks again
@@ -46,7 +48,6 @@ class ManagedLending:
         self.proxy = proxy
         self.framing = proxy.framing
         self.ids = itertools.count(1)
-        self.refusals = collections.Counter()   # command -> requests its sessions refused
         self.learned = None    # what the pool read of its server, once (facts())
         self.learning = False
         self.failure = None    # (when, why) the last learning failed
@@ -54,6 +55,7 @@ class ManagedLending:
         self.own = 0           # connections of a client's own open now
         self.waiting = 0       # requests waiting for one (none: past the cap, one is refused)
         self.dedicated = 0     # such connections ever opened (the tests read it)
+        self.refusals = collections.Counter()   # command -> requests its sessions refused
 
     def next_id(self):
         return next(self.ids)
@@ -71,7 +73,12 @@ class ManagedLending:
             raise ConnectionError(self.failure[1])
         if not self.learning:
             self.learning = True
-            self.proxy.managed_set.place(self.framing.facts_requests(), FactsSink(self))
+            asked = self.framing.facts_requests()
+            sink = FactsSink(self, len(asked))
+            for order, data in enumerate(asked):
+                request = Request(sink, data)
+                request.order = order   # its place among the replies the facts are read from
+                self.proxy.managed_set.place(request)
         raise NotYet(self.waiters)
 
     def learned_now(self, facts=None, failure=None):
@@ -97,24 +104,34 @@ class ManagedLending:
 
 
 class FactsSink:
-    """The sink of the pool's own facts_requests()."""
+    """The client of the pool's own facts_requests(): their replies, in their order."""
 
-    def __init__(self, lending):
+    def __init__(self, lending, count):
         self.lending = lending
-        self.replies = []
+        self.replies = {}   # request -> its reply
+        self.count = count
+        self.over = False
 
-    def replied(self, run, replies):
-        self.replies += replies
-        if len(self.replies) == len(run.requests):
+    def replied(self, request, reply):
+        self.replies[request] = reply
+        if len(self.replies) == self.count and not self.over:
+            self.over = True
+            in_order = [self.replies[key] for key in sorted(self.replies, key=order_of)]
             try:
-                facts = self.lending.framing.facts(self.replies)
+                facts = self.lending.framing.facts(in_order)
             except ValueError as error:
                 self.lending.learned_now(failure=f"the server's facts: {error}")
                 return
             self.lending.learned_now(facts)
 
-    def failed(self, run, error):
-        self.lending.learned_now(failure=str(error))
+    def failed(self, request, error):
+        if not self.over:
+            self.over = True
+            self.lending.learned_now(failure=str(error))
+
+
+def order_of(request):
+    return request.order
 
 
 class SessionFraming:
@@ -142,46 +159,61 @@ def own_addr(managed_set):
 
 
 class OwnLink:
-    """A connection of one client's own: a ManagedClient on the proxy's loop, not the set's."""
+    """A connection of one client's own: a ManagedClient on the proxy's loop, not the set's;
+    the client of every request sent on it."""
 
     def __init__(self, proxy, stream):
         proxy.lending.opened()
-        self.lending = proxy.lending
+        self.lending, self.stream = proxy.lending, stream
         managed_set = proxy.managed_set
         self.client = ManagedClient(own_addr(managed_set), loop=proxy.loop,
                                     framing=SessionFraming(proxy.framing, stream.session),
                                     rcache=managed_set.rcache, msg_timeout=proxy.msg_timeout,
                                     msg_timeout_is_fatal=True)
         self.closed = False
-        self.run = None
+        self.last = None   # the last request sent (a long one's pieces follow it)
 
-    def send(self, stream, entry, wait=None):
-        """entry's one request on it: within msg_timeout, or a wait's own timeout and
-        msg_timeout more (math.inf: for as long as the client stays)."""
+    def send(self, data, state, wait=None):
+        """One request on it: within msg_timeout, or a wait's own timeout and msg_timeout
+        more (math.inf: for as long as the client stays); return its Request."""
         clock = self.client.clock
+        request = self.last = Request(self, data, state)
         if wait is None:
-            deadline = self.client.deadline()
-        elif math.isinf(wait):
-            deadline = None
-        else:
-            deadline = clock.now() + wait + self.client.msg_timeout
-        sink = OwnSink(stream, entry, self)
-        data = bytearray(entry.data)   # a long request's: its pieces are added as they come
-        self.run = Run(entry.requests, sink, deadline, data=data, state=entry.state)
-        self.client.place(self.run)
+            request.deadline = self.client.deadline()
+        elif not math.isinf(wait):
+            request.deadline = clock.now() + wait + self.client.msg_timeout
+        self.client.place([request])
+        return request
+
+    def replied(self, request, reply):
+        self.stream.replied(request, reply)
+        self.stream.own_replied(self)
+
+    def passing(self, request, piece):
+        return self.stream.passing(request, piece)
+
+    def failed(self, request, error):
+        session = self.stream.session
+        if session.lease == HELD or session.holds:
+            session.lost()   # its transaction went with it: the rest is refused to its end
+        self.stream.failed(request, error)
+        self.stream.own_failed(self)
+
+    def owed(self):
+        """Requests sent on it whose replies have not come."""
+        connection = self.client.connection
+        return connection.pending() if connection is not None else 0
 
     def extend(self, piece):
-        """A piece of the long request sent on it; how many bytes it has queued now."""
+        """A piece of the long request sent on it; how many bytes of it wait to be sent."""
         connection = self.client.connection
-        if self.closed or connection is None:   # it has failed: its entry has its error
+        if self.closed or connection is None:   # it has failed: the request has its error
             return 0
-        connection.extend(self.run, piece)
-        return len(self.run.data) if self.run in connection.waiting else \
-            len(connection.pipeline.out)
+        return connection.extend(self.last, piece)
 
     def when_drained(self, function):
-        if (connection := self.client.connection) is not None:
-            connection.drained = function
+        if (connection := self.client.connection) is not None and connection.transport:
+            connection.transport.when_drained(function, QUEUED_MAX)
         else:
             function()
 
@@ -193,117 +225,74 @@ class OwnLink:
             self.client.loop.counted.remove(self.client)   # the loop wakes its waiters no more
 
 
-class OwnSink:
-    """A request on a client's own connection: its reply to its entry; then the link let go
-    if what it was for is over (the transaction ended, the wait answered)."""
-
-    def __init__(self, stream, entry, link):
-        self.stream, self.entry, self.link = stream, entry, link
-        self.state = entry.state
-
-    def replied(self, run, replies):
-        self.entry.replied(run, replies)
-        self.stream.own_replied(self.link)
-
-    def passing(self, run, piece):
-        return self.entry.passing(run, piece)
-
-    def failed(self, run, error):
-        session = self.stream.session
-        if session.lease == HELD or session.holds:
-            session.lost()   # its transaction went with it: the rest is refused to its end
-        self.entry.failed(run, error)
-        self.stream.own_failed(self.link)
-
-
 class StreamLink:
     """A client's stream on a connection of its own, on the loop: the sync first (its
     replies checked, never relayed), then each request with the session's barrier after it;
     every message to the client as it comes but the barrier's reply, which says the replies
-    before it are all in (busy() is false again). Reading stops while the client has more
-    than `window` bytes to take."""
+    before it are all in (busy() is false again). Reading stops while the client has
+    `window` bytes or more to take."""
 
     def __init__(self, proxy, stream, window):
         proxy.lending.opened()
         self.proxy, self.stream, self.loop = proxy, stream, proxy.loop
         self.session, self.framing, self.window = stream.session, proxy.framing, window
-        self.sock, failed = start_connect(own_addr(proxy.managed_set))
+        sock, failed = start_connect(own_addr(proxy.managed_set))
         if failed:
             proxy.lending.closed()
             raise ManagedError(f"cannot connect: {failed}")
         self.checking = self.session.sync(None)   # the sync's requests, their replies owed
-        self.out = bytearray(b"".join(self.checking))
         self.frames = Frames(lambda: self.framing.reply_parser(passing=True))
         self.barriers = 0      # barriers sent whose replies have not come
-        self.connected = self.closed = self.flushing = False
-        self.watching = 0
+        self.up = self.closed = False
         self.timer = None
-        self.loop.want(self, WRITE)
+        self.transport = Transport(self.loop, sock, self, connecting=True)
+        self.transport.write(b"".join(self.checking))   # sent once the connect is over
+
+    def connected(self):
+        self.up = True
 
     def send(self, request, barrier=True):
         """request on the stream; with a barrier, the session's goes after it and the client's
         admission waits for its reply: a subscription's change is counted, and whatever the
         pool answers next is written after this request's reply."""
-        self.out += request
-        if self.connected and not self.flushing:
-            self.loop.flush_soon(self)
+        self.transport.write(request)
         if not barrier:
             return
-        self.out += self.session.barrier()
+        self.transport.write(self.session.barrier())
         self.barriers += 1
         if self.timer is None:
             self.timer = self.loop.at(self.loop.clock.now() + self.proxy.msg_timeout, self._late)
-        if self.connected and not self.flushing:
-            self.loop.flush_soon(self)
 
     def _late(self):
         self.timer = None
         if self.barriers and not self.closed:
             self.end("no reply to the pool's barrier within msg_timeout")
 
-    def ready(self, events):
-        if not self.connected:
-            if failed := self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-                self.end(f"cannot connect: {os.strerror(failed)}")
-                return
-            self.connected = True
-        if events & READ:
-            self._read()
-        if not self.closed:
-            self.loop.flush_soon(self)
+    def read_on(self):
+        """Read while the client has less than the window to take."""
+        if self.closed:
+            return
+        if self.stream.backlog() < self.window:
+            self.transport.resume()
+        else:
+            self.transport.pause()
+            self.stream.transport.when_drained(self.read_on, self.window)
 
-    def flush(self):
-        self.flushing = False
-        if self.closed or not self.connected:
-            return
-        if self.out:
-            try:
-                sent = self.sock.send(self.out)
-            except BlockingIOError:
-                sent = 0
-            except OSError as error:
-                self.end(f"send failed: {error}")
-                return
-            del self.out[:sent]
-        reading = len(self.stream.out) < self.window
-        self.loop.want(self, (READ if reading else 0) | (WRITE if self.out else 0))
-
-    def _read(self):
-        try:
-            data = self.sock.recv(READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.end("the upstream closed the stream")
-            return
+    def received(self, data):
         self.frames.feed(data)
         try:
             while not self.closed and (message := self.frames.take()) is not None:
                 self._message(message)
         except ValueError as error:
             self.end(f"out of step: {error}")
+        self.read_on()
+
+    def hung_up(self, reason):
+        if not self.up:
+            self.end(f"cannot connect: {reason}")
+        else:
+            self.end("the upstream closed the stream" if reason is None else
+                     f"send failed: {reason}")
 
     def _message(self, message):
         stream = self.stream
@@ -315,10 +304,7 @@ class StreamLink:
         if isinstance(message, Passed):   # the end of a long one: its bytes went before it
             return
         if isinstance(message, Piece) or self.session.pushed(message):
-            idle = not stream.out
-            stream.out += message
-            if idle:
-                stream.writable()
+            stream.transport.write(message)
             return
         self.barriers -= 1   # the barrier's reply: every reply before it is in
         if not self.barriers:
@@ -340,5 +326,5 @@ class StreamLink:
             self.closed = True
             if self.timer is not None:
                 self.timer.cancel()
-            self.loop.forget(self.sock)
+            self.transport.close()
             self.proxy.lending.closed()

@@ -2,25 +2,29 @@
 
     service_order(), choose()   the pick, as plain functions of the loads: which service
                                 first, and which client of a service (or a new one)
-    Attempts                    one call's attempts: pick, place, and what its errors
-                                say next (retry now, after idempotent_wait, or give up)
-    Batch                       the first attempts of a turn's proxy entries picked for
-                                one client: one run; if it fails, each entry goes on alone
-    ManagedSet                  the clients per service, pick(), call(), idempotent_call(),
-                                place(), place_batch() (the proxy's way in), shut_down()
+    ManagedSet                  the clients per service; pick() (a thread's, reserving
+                                the client for the call it makes next), call(),
+                                idempotent_call(); gather() (the proxy's way in: what a
+                                turn's reads made, placed once they are over, one batch per
+                                connection); each request's attempts and what their
+                                errors say next (retry now, after idempotent_wait, or give
+                                up); shut_down()
 
-The pick runs on the loop, and the run it picks for is placed in the same step (a batch:
-in the same turn's placing, which counts what it has picked): the loads it reads are the
-loads, so there is nothing to reserve and nothing to lock.
+A request carries its attempts (pipeline.Request: attempts, tried, service, placer): the
+set picks, places it on a client, and hears of it again only if it fails. The pick runs
+on the loop, and what it picks for is placed in the same step: the loads it reads are
+the loads. A thread's pick() is made before its call, so it reserves the client: the
+next pick counts that call as pending, and a burst of threads spreads as requests do.
 """
 from part2.cache import global_rcache
-from part2.calls import (Call, ClusterServiceUnavailable, CommunicationError, ManagedError,
-                         MessageLost, MessageTimeout, Run, ServiceUnavailable, check_addr,
-                         check_request)
+from part2.calls import (BlockingCall, ClusterServiceUnavailable, CommunicationError,
+                         ManagedError, MessageLost, MessageTimeout, ServiceUnavailable,
+                         check_addr, check_request)
 from part2.client import ManagedClient
 from part2.clock import check_seconds
-from part2.loop import Counted, Loop
-from part2.pipeline import OutOfStep, hand_out
+from part2.hooks import Counted
+from part2.loop import Loop
+from part2.pipeline import Request
 from tcp_proxy import LINES
 
 
@@ -55,86 +59,6 @@ def choose(pending, room, norm, most):
     if pending and (most is None or min(pending) < most):
         return pending.index(min(pending))
     return None
-
-
-class Attempts:
-    """One call's attempts through a set. The sink of each attempt's run; itself a run to
-    its own sink (a thread's Call, a proxy client's Entry), which hears every reply in
-    order and, if the attempts give up, the last error."""
-    __slots__ = ("owner", "requests", "sink", "retried", "number", "tried", "index", "answered",
-                 "state")
-
-    def __init__(self, owner, requests, sink, retried, number=0, index=None, answered=0):
-        self.owner = owner     # the ManagedSet
-        self.state = getattr(sink, "state", None)   # what their connection must carry first
-        self.requests, self.sink, self.retried = requests, sink, retried
-        self.number = number   # attempts made (a batch's entry: its batch made the first)
-        self.tried = ()        # services the attempts that failed were sent to (then a set)
-        self.index = index     # the service of the attempt under way (None: none was picked)
-        self.answered = answered   # requests whose replies have come (a retry sends the rest)
-
-    def replied(self, run, replies):
-        self.answered += len(replies)
-        self.sink.replied(self, replies)
-        if self.answered == len(self.requests) and self.owner.on_event:
-            self.owner._note("attempt", self.number, self.index, "ok")
-
-    def passing(self, run, piece):
-        if not hasattr(self.sink, "passing"):   # a thread's call takes its reply whole
-            raise OutOfStep(f"upstream out of step: a reply longer than "
-                            f"{self.owner.framing.max_reply} bytes")
-        return self.sink.passing(self, piece)
-
-    def failed(self, run, error):
-        self.owner._attempt_failed(self, error)
-
-
-class Batch:
-    """The first attempts of a turn's proxy entries picked for one client, as one run: every
-    entry's requests end to end, `owners` the entry each request is for. Its replies go to
-    their clients in one loop (pipeline.hand_out()). If the run fails, each entry it leaves
-    owed goes on alone, as Attempts whose first attempt failed: retried or failed as if it
-    had been placed alone, in its client's order."""
-    __slots__ = ("owner", "index", "retried", "entries", "owners", "requests", "answered",
-                 "state")
-
-    def __init__(self, owner, index, retried, state=None):
-        self.owner, self.index, self.retried = owner, index, retried
-        self.state = state   # every entry's: a client whose state differs starts a new batch
-        self.entries = []    # in the order the turn read them
-        self.owners = []     # per request, the entry it is for
-        self.requests = []
-        self.answered = 0    # requests whose replies have come
-
-    def add(self, entry):
-        self.entries.append(entry)
-        self.owners += [entry] * len(entry.requests)
-        self.requests += entry.requests
-
-    def run(self, deadline):
-        data = b"".join([entry.data for entry in self.entries])   # each entry's bytes as they came
-        return Run(self.requests, self, deadline, data=data, state=self.state)
-
-    def replied(self, run, replies):
-        first = self.answered
-        self.answered += len(replies)
-        owners = self.owners[first:self.answered]
-        hand_out(owners, replies)
-        if self.owner.on_event:   # an entry answered whole: its attempt is over, and ok
-            for entry in dict.fromkeys(owners):
-                if not entry.left:
-                    self.owner._note("attempt", 1, self.index, "ok")
-
-    def passing(self, run, piece):
-        return self.owners[self.answered].passing(run, piece)
-
-    def failed(self, run, error):
-        for entry in self.entries:
-            if entry.left:   # owed a reply still: it goes on alone
-                answered = len(entry.requests) - entry.left
-                attempts = Attempts(self.owner, entry.requests, entry, self.retried, 1,
-                                    self.index, answered)
-                self.owner._attempt_failed(attempts, error)
 
 
 class ManagedSet(Counted):
@@ -190,7 +114,10 @@ class ManagedSet(Counted):
         self.client_options = {**client_options, "rcache": self.rcache, "framing": framing}
         self.clients = [[] for _ in self.services]   # per service, in creation order
         self.lone = None    # the one client of a set of one service of one connection, once made
-        self.waiting = {}   # Attempts waiting to retry -> their Timer
+        self.waiting = {}   # requests waiting to retry -> their Timer
+        self.gathered = []  # what the turn's reads made, placed once they are over
+        self.gathered_retried = self.RETRIED_BY_CALL   # what those are retried after
+        self.panicked = False   # the last pick was made with every service disabled
         self._shut = False
         if self.own_loop:
             self.loop.start()
@@ -202,17 +129,26 @@ class ManagedSet(Counted):
     # -- the pick --
 
     def pick(self, tried=()):
-        """The client a call made now would go to, and its service's index; services in
-        `tried` come after all the others. Nothing is reserved: a call placed at once
-        (as the loop does) is counted by the next pick."""
-        return self.loop.ask(self._pick, tried)
+        """The client a thread's call should go to, and its service's index; services in
+        `tried` come after all the others. The client is reserved for that call: it counts
+        as a pending call there until the client's next call() begins, so threads that pick
+        at once spread over the set (ManagedClient.release() gives one back unused)."""
+        return self.loop.ask(self._reserve, tried)
+
+    def _reserve(self, tried):
+        client, index = self._pick(tried)
+        client.reserved += 1
+        client.reserved_despite_cache += self.panicked
+        return client, index
 
     def _pick(self, tried):
+        """The pick itself, on the loop: (client, service index), or ClusterServiceUnavailable."""
+        self.panicked = False
         if self._shut:
             raise ManagedError("set shut down")
         if self.lone is None:
             enabled = list(map(self.rcache.is_enabled, self.addrs))   # every service, each time
-        elif self.rcache.is_enabled(self.addrs[0]):   # one service of one connection: no choice
+        elif self.rcache.steady or self.rcache.is_enabled(self.addrs[0]):   # nothing to choose
             self.picks += 1
             return self.lone, 0
         else:
@@ -226,6 +162,7 @@ class ManagedSet(Counted):
             if (enabled[index] or index == panic) and (client := self._client_in(index)):
                 self.picks += 1
                 if index == panic:
+                    self.panicked = True
                     self.count("panics")
                 return client, index
         self.count("refusals")
@@ -260,78 +197,96 @@ class ManagedSet(Counted):
         """Pick and call, retrying lost and timed-out requests too: for idempotent requests only."""
         return self._thread_call(request, self.RETRIED_BY_IDEMPOTENT_CALL)
 
-    def _thread_call(self, request, retried):
-        check_request(request, self.framing)   # before any pick: a bad request costs nothing
+    def _thread_call(self, data, retried):
+        check_request(data, self.framing)   # before any pick: a bad request costs nothing
         if self._shut:
             raise ManagedError("set shut down")
-        call = Call(request, self.loop)
-        return self.loop.complete(call, lambda: self.place([request], call, retried))
+        call = BlockingCall(data, self.loop)
+        request = Request(call, data)
+        return self.loop.complete(call, lambda: self.place(request, retried))
 
-    def place(self, requests, sink, retried=RETRIED_BY_CALL):
-        """On the loop: send requests (whole ones, in order) through the set; sink hears
-        their replies in order, or the error the attempts gave up with."""
-        self._attempt(Attempts(self, requests, sink, retried))
+    def place(self, request, retried=RETRIED_BY_CALL):
+        """On the loop: send a request through the set; its client hears its reply, or the
+        error its attempts gave up with."""
+        request.placer, request.retried = self, retried
+        self._attempt(request)
 
-    def place_batch(self, entries, retried=RETRIED_BY_CALL):
-        """On the loop, once a turn's reads are over: the first attempts of the entries they
-        made (proxy clients' requests), one run per client picked (a Batch), so a turn pays
-        one pick, run and placing per connection, not per entry. With a choice of clients,
-        each entry is picked for, what this turn picked counting as pending. Entries that need
-        another state of their connection (a proxy client's database) make a run of their own,
-        after the entries before them: the connection's pipeline syncs it first."""
-        self.attempts += len(entries)
-        batches = {}   # client -> its last Batch
-        placing = []   # (client, batch), in the order made: the order they are placed
-        batch = None
-        for entry in entries:
-            if batch is None or self.lone is None:   # one connection, no choice: one pick a turn
-                try:
-                    client, index = self._pick(())
-                except ManagedError as error:   # refused, or shut down: it goes on alone
-                    self._attempt_failed(Attempts(self, entry.requests, entry, retried, 1), error)
-                    continue
-                batch = batches.get(client)
-            if batch is None or batch.state != entry.state:   # its connection synced before it
-                batch = batches[client] = Batch(self, index, retried, entry.state)
-                placing.append((client, batch))
-            batch.add(entry)
-            client.picked += entry.left
-        for client, batch in placing:
+    def gather(self, requests):
+        """Requests a proxy client's read made: placed with the rest of the turn's once its
+        reads are over, so a turn pays one pick and one write per connection, not per read."""
+        if not self.gathered:
+            self.loop.after_reads(self._place_gathered)
+        self.gathered += requests
+
+    def _place_gathered(self):
+        requests, self.gathered = self.gathered, []
+        self.attempts += len(requests)
+        retried, lone = self.gathered_retried, self.lone
+        for request in requests:
+            request.placer, request.retried, request.attempts = self, retried, 1
+        if lone is not None and lone.connection is not None and self.rcache.steady and \
+                not self._shut:   # one connection, nothing to choose: one pick a turn
+            self.picks += 1
+            deadline = None if lone.timeout is None else self.clock.now() + lone.timeout
+            for request in requests:
+                request.service, request.deadline = 0, deadline
+            lone.connection.send(requests)
+            return
+        batches = {}   # client -> its requests, in the order read
+        for request in requests:
+            try:
+                client, request.service = self._pick(())
+            except ManagedError as error:   # refused, or shut down: it fails as its attempt
+                self.attempt_failed(request, error)
+                continue
+            batches.setdefault(client, []).append(request)
+            client.picked += 1   # the next pick counts it
+        for client, batch in batches.items():
             client.picked = 0
-            client.place(batch.run(client.deadline()))
+            deadline = client.deadline()
+            for request in batch:
+                request.deadline = deadline
+            client.place(batch)
 
-    def _attempt(self, attempts):
-        attempts.number += 1
-        attempts.index = None   # stays None if the pick finds no client
+    def _attempt(self, request):
+        request.attempts += 1
+        request.service = None   # stays None if the pick finds no client
         self.attempts += 1
         try:
-            client, attempts.index = self._pick(attempts.tried)
+            client, request.service = self._pick(request.tried)
         except ManagedError as error:   # refused, or shut down
-            self._attempt_failed(attempts, error)
+            self.attempt_failed(request, error)
             return
-        requests = attempts.requests[attempts.answered:] if attempts.answered else attempts.requests
-        client.place(Run(requests, attempts, client.deadline(), state=attempts.state))
+        request.deadline = client.deadline()
+        client.place([request])
 
-    def _attempt_failed(self, attempts, error):
-        if not isinstance(error, attempts.retried):
-            attempts.sink.failed(attempts, error)
+    def attempt_ok(self, request):
+        """Its reply has come (told only to a set with on_event)."""
+        self._note("attempt", request.attempts, request.service, "ok")
+
+    def attempt_failed(self, request, error):
+        """An attempt failed: retried now, after idempotent_wait, or its client is told."""
+        if not isinstance(error, request.retried):
+            request.client.failed(request, error)
             return
-        self._note("attempt", attempts.number, attempts.index, f"{type(error).__name__}: {error}")
-        if attempts.index is not None:
-            attempts.tried = {*attempts.tried, attempts.index}
-        untried = attempts.index is not None and self._untried_enabled(attempts.tried)
+        self._note("attempt", request.attempts, request.service,
+                   f"{type(error).__name__}: {error}")
+        if request.service is not None:
+            request.tried = {*request.tried, request.service}
+        untried = request.service is not None and self._untried_enabled(request.tried)
         never_left = isinstance(error, self.RETRIED_BY_CALL)
-        if attempts.number == self.idempotent_max or (never_left and not untried):
-            attempts.sink.failed(attempts, error)   # the last; or it never left, every one tried
+        if request.attempts == self.idempotent_max or (never_left and not untried):
+            request.client.failed(request, error)   # the last; or it never left, every one tried
             return
         wait = 0.0 if untried else self.idempotent_wait
         self.count("retries")
-        retry = self.loop.at(self.clock.now() + wait, lambda: self._retry(attempts))
-        self.waiting[attempts] = retry
+        self.waiting[request] = self.loop.at(self.clock.now() + wait,
+                                             lambda: self._retry(request))
 
-    def _retry(self, attempts):
-        del self.waiting[attempts]
-        self._attempt(attempts)
+    def _retry(self, request):
+        del self.waiting[request]
+        request.reply, request.pieces = None, ()
+        self._attempt(request)
 
     def _untried_enabled(self, tried):
         return any(index not in tried and self.rcache.is_enabled(addr)
@@ -359,9 +314,9 @@ class ManagedSet(Counted):
             return
         self._shut = True
         waiting, self.waiting = self.waiting, {}
-        for attempts, timer in waiting.items():
+        for request, timer in waiting.items():
             timer.cancel()
-            attempts.sink.failed(attempts, ManagedError("set shut down"))
+            request.client.failed(request, ManagedError("set shut down"))
         for clients in self.clients:
             for client in clients:
                 client._shut_on_loop()

@@ -162,7 +162,7 @@ def test_a_call_handed_over_once_an_idle_eof_has_arrived_reconnects_without_an_e
         client.call(b"GET a\n")
         upstream.close()   # the EOF reaches the kernel; no turn has read it yet
         upstream.restart()
-        old = client.connection.sock
+        old = client.connection.transport.sock
         while old.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b"":
             time.sleep(0.001)
         assert client.call(b"GET b\n") == b"b=BBBBBBBBBBBB\n"

@@ -1,24 +1,28 @@
 """The clocks' and the loop's claims (part2/clock.py, part2/loop.py): time moves only in
 advance(), which wakes the loop; a turn reads, places what the reads gathered, runs what
-other threads handed over, fires the deadlines passed, sends once per writer, then makes
-its callbacks, its completions and its hook wake-ups; no error ends a turn."""
+other threads handed over, fires the deadlines passed, sends once per transport, then makes
+its callbacks, its completions and its hook wake-ups; no error ends a turn. A transport
+sends at once what is written outside the reads, and stops reading when told."""
 import math
 import re
+import select
 import socket
 import threading
+import time
 
 import pytest
 
 from conftest import ROOT
 from part2 import clock as clocks
-from part2.calls import Call, ManagedError
-from part2.loop import READ, Counted, Loop
+from part2.calls import BlockingCall, ManagedError
+from part2.hooks import Counted
+from part2.loop import READ, Loop, Poller, Transport
 from part2.managed import ReliabilityCache, VirtualClock
 from part2.managed_demo import in_background
 from ground.server import Hooks
 
-LESSON_MODULES = ["clock", "cache", "calls", "loop", "pipeline", "connection", "client",
-                  "managed_set", "proxy"]
+LESSON_MODULES = ["clock", "hooks", "cache", "calls", "loop", "pipeline", "connection",
+                  "client", "managed_set", "proxy", "lease"]
 
 
 def started(clock=None):
@@ -56,19 +60,27 @@ def test_every_clock_method_the_code_calls_is_documented_and_offered_by_both_clo
     sources = "".join((ROOT / "part2" / f"{name}.py").read_text(encoding="utf-8")
                       for name in LESSON_MODULES)
     called = set(re.findall(r"clock\.(\w+)\(", sources))
-    assert called == {"now", "timeout_until", "watch", "unwatch"}
-    for method in called:
-        assert f"{method}(" in clocks.__doc__, method
-        assert callable(getattr(clocks.RealClock(), method))
-        assert callable(getattr(VirtualClock(), method))
+    assert called == {"now", "watch", "unwatch"}
+    for method in called | {"passes"}:
+        assert f"{method}" in clocks.__doc__, method
+        assert hasattr(clocks.RealClock(), method) and hasattr(VirtualClock(), method)
 
 
-def test_a_virtual_deadline_already_passed_wants_no_wait_and_a_later_one_waits_for_advance():
-    clock = VirtualClock(start=3.0)
-    waits = [clock.timeout_until(deadline) for deadline in (2.0, 3.0, 3.5, None)]
-    assert waits == [0, 0, None, None]
-    real = clocks.RealClock()
-    assert real.timeout_until(real.now() - 1) == 0 and real.timeout_until(None) is None
+def test_a_turn_waits_for_a_real_deadline_and_for_a_virtual_one_until_advance_wakes_it():
+    for clock in (clocks.RealClock(), VirtualClock()):
+        loop, fired = Loop(clock), []
+        loop.at(clock.now() + 0.05, lambda: fired.append("fired"))
+        mover = threading.Thread(target=lambda: None)
+        if not clock.passes:   # nothing but advance() brings its deadline: moved from a thread
+            mover = threading.Thread(target=lambda: time.sleep(0.05) or clock.advance(0.05))
+        mover.start()
+        loop.run_once()   # real time: select() waits for the deadline; virtual: until woken
+        mover.join()
+        assert fired == ["fired"]
+        loop.at(clock.now() - 1, lambda: fired.append("past"))
+        loop.run_once()   # a deadline passed wants no wait at all
+        assert fired[-1] == "past"
+        loop.shut_down()
 
 
 # --- the turn ---------------------------------------------------------------------------
@@ -114,60 +126,117 @@ def test_a_turns_callbacks_are_made_at_its_end_in_order_each_whatever_the_one_be
     loop.shut_down()
 
 
-class Writer:
-    """A writer for the send phase; one made with fails=True raises in its flush()."""
-    flushing = False
+class Heard:
+    """A transport's protocol that notes what it hears; fails=True raises on each read."""
 
-    def __init__(self, flushed, fails):
-        self.flushed, self.fails = flushed, fails
+    def __init__(self, fails=False):
+        self.heard, self.fails = [], fails
 
-    def flush(self):
-        self.flushed.append(self.fails)
+    def received(self, data):
+        self.heard.append(bytes(data))
         if self.fails:
-            raise RuntimeError("a writer's bug")
+            raise RuntimeError("a protocol's bug")
+
+    def hung_up(self, reason):
+        self.heard.append(("hung up", reason))
+
+    def overflowed(self):
+        self.heard.append("overflowed")
 
 
-def test_a_socket_handler_or_a_writer_that_raises_is_counted_and_the_others_still_run(caplog):
-    loop, read, flushed = Loop(), [], []
-    pairs = [socket.socketpair() for _ in range(4)]
-    for number, (ours, theirs) in enumerate(pairs):
-        loop.watch(ours, READ, (lambda events: 1 / 0) if number % 2 else read.append)
+def transports(loop, count, **options):
+    """count transports on the loop, each over one end of a socketpair: (transport, far end)."""
+    made = []
+    for _ in range(count):
+        ours, theirs = socket.socketpair()
+        made.append((Transport(loop, ours, Heard(**options)), theirs))
+    return made
+
+
+@pytest.mark.parametrize("epoll", [True, False] if hasattr(select, "epoll") else [False])
+def test_the_poller_reports_a_ready_socket_once_watched_and_nothing_once_not(epoll):
+    poller = Poller(epoll)
+    ours, theirs = socket.socketpair()
+    poller.register(ours, READ, print)
+    theirs.send(b"x")
+    assert poller.poll(1.0) == [(ours.fileno(), READ)]
+    poller.unregister(ours)
+    assert poller.poll(0) == [] and poller.watched == {}
+    poller.close()
+    ours.close()
+    theirs.close()
+
+
+def test_a_protocol_that_raises_is_counted_and_the_other_transports_still_read(caplog):
+    loop = Loop()
+    made = transports(loop, 2, fails=True) + transports(loop, 2)
+    for _, theirs in made:
         theirs.send(b"x")
-    for fails in (True, False, True, False):
-        loop.flush_soon(Writer(flushed, fails))
     loop.run_once()
-    assert (read, sorted(flushed), loop.handler_errors) == ([READ, READ], [0, 0, 1, 1], 4)
+    assert [transport.protocol.heard for transport, _ in made] == [[b"x"]] * 4
+    assert loop.handler_errors == 2
     assert len([record for record in caplog.records if record.name == "part2.managed"]) == 1
     loop.shut_down()   # it closes the sockets it watches
-    for _, theirs in pairs:
+    for _, theirs in made:
         theirs.close()
 
 
-def test_what_the_reads_list_after_reads_runs_once_they_are_over_before_the_rest_of_the_turn():
+def test_what_the_reads_write_is_sent_in_the_send_phase_and_a_write_after_them_at_once():
     loop, order = Loop(), []
-    ours, theirs = socket.socketpair()
+    (reader, theirs), (writer, far) = transports(loop, 2)
 
-    class Logged(Writer):
-        def flush(self):
-            order.append("send")
-            loop.after_reads(lambda: order.append("listed in the send phase"))
-
-    def read(events):
-        ours.recv(1)
+    def read(data):
         order.append("read")
+        writer.write(b"during the reads")
+        order.append(far.recv(100, socket.MSG_DONTWAIT) if select_ready(far) else "not yet")
         loop.after_reads(lambda: order.append("placed"))
         loop.after_reads(lambda: 1 / 0)   # a bug in one: counted, the others still run
         loop.after_reads(lambda: order.append("placed too"))
-    loop.watch(ours, READ, read)
+    reader.protocol.received = read
     theirs.send(b"x")
     loop.hand(order.append, "handed")
     loop.at(loop.clock.now(), lambda: order.append("deadline"))
-    loop.flush_soon(Logged([], False))
     loop.run_once()
-    assert order == ["read", "placed", "placed too", "handed", "deadline", "send"]
-    assert loop.handler_errors == 1
-    loop.run_once()   # what the send phase listed: the next turn's, which does not wait for it
-    assert order[-1] == "listed in the send phase"
+    assert order == ["read", "not yet", "placed", "placed too", "handed", "deadline"]
+    assert far.recv(100) == b"during the reads" and loop.handler_errors == 1
+    loop.hand(writer.write, b"handed over")   # outside the reads: sent at once, in its phase
+    loop.hand(lambda: order.append(far.recv(100, socket.MSG_DONTWAIT)))
+    loop.run_once()
+    assert order[-1] == b"handed over" and not writer.out
+    loop.shut_down()
+    theirs.close()
+    far.close()
+
+
+def select_ready(sock):
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+def test_a_paused_transport_reads_nothing_until_resumed_and_after_an_eof_no_more():
+    loop = Loop()
+    ((transport, theirs),) = transports(loop, 1)
+    transport.pause()
+    theirs.send(b"kept by the kernel")
+    loop.run_once(block=False)
+    assert transport.protocol.heard == []
+    transport.resume()
+    theirs.close()
+    loop.run_once()
+    loop.run_once(block=False)
+    assert transport.protocol.heard == [b"kept by the kernel", ("hung up", None)]
+    assert not transport.reading and not transport.closed   # its protocol closes it when done
+    transport.close()
+    assert transport.sock.fileno() == -1
+    loop.shut_down()
+
+
+def test_a_transport_whose_peer_reads_nothing_tells_its_protocol_once_past_its_limit():
+    loop = Loop()
+    ours, theirs = socket.socketpair()
+    transport = Transport(loop, ours, Heard(), limit=1 << 16)
+    loop.hand(transport.write, b"x" * (8 << 20))   # more than the kernel's buffers take
+    loop.run_once()
+    assert transport.protocol.heard == ["overflowed"] and len(transport.out) > 1 << 16
     loop.shut_down()
     theirs.close()
 
@@ -208,8 +277,8 @@ def test_a_call_made_in_a_callback_on_the_loops_thread_turns_the_loop_until_it_i
     loop, got, done = started(), [], threading.Event()
 
     def in_a_callback():
-        call = Call(b"x", loop)
-        loop.at(loop.clock.now(), lambda: call.replied(None, [b"answer"]))   # due now: a later turn
+        call = BlockingCall(b"x", loop)
+        loop.at(loop.clock.now(), lambda: call.replied(None, b"answer"))   # due now: a later turn
         got.append((loop.complete(call, lambda: None), loop.thread is threading.current_thread()))
         done.set()
     loop.hand(loop.queue_callback, ReliabilityCache(), in_a_callback)
@@ -220,18 +289,19 @@ def test_a_call_made_in_a_callback_on_the_loops_thread_turns_the_loop_until_it_i
 def test_a_call_made_in_the_middle_of_a_turns_work_is_refused_with_a_clear_error():
     loop = started()
     with pytest.raises(ManagedError, match="from inside a turn's work"):
-        loop.ask(loop.complete, Call(b"x", loop), lambda: None)   # handed: it runs in a turn's work
+        # handed: it runs in a turn's work
+        loop.ask(loop.complete, BlockingCall(b"x", loop), lambda: None)
     loop.shut_down()
 
 
 def test_a_thread_waits_for_its_call_until_the_turn_that_completes_it_has_made_its_callbacks():
     loop, order = started(), []
-    call = Call(b"x", loop)
+    call = BlockingCall(b"x", loop)
 
     def start():
         order.append("start")
         loop.queue_callback(ReliabilityCache(), order.append, "callback")
-        call.replied(None, [b"answer"])
+        call.replied(None, b"answer")
     assert loop.complete(call, start) == b"answer"
     assert order == ["start", "callback"]
     loop.shut_down()
@@ -248,7 +318,7 @@ def test_shut_down_joins_the_thread_closes_every_socket_and_refuses_what_comes_a
     assert not loop.thread.is_alive() and near.fileno() == -1 and loop.stopped
     assert loop.hand(print) is False
     with pytest.raises(ManagedError, match="shut down"):
-        loop.complete(Call(b"x", loop), lambda: None)
+        loop.complete(BlockingCall(b"x", loop), lambda: None)
     clock.advance(1.0)   # it no longer watches the clock: nothing to wake
 
 

@@ -1,6 +1,7 @@
 """ManagedSet's claims (part2/managed_set.py): the pick as plain functions of the loads,
 and on a live set; call() and idempotent_call() and their retries; its own cache, which
 fails over and never refuses everything; callbacks and shut_down() from them."""
+import contextlib
 import threading
 import time
 
@@ -10,7 +11,7 @@ from conftest import closed_port_addr
 from part2.managed import (ClusterServiceUnavailable, CommunicationError, ManagedSet, MessageLost,
                            ReliabilityCache, VirtualClock, global_rcache)
 from part2.managed_demo import in_background, outcome
-from part2.managed_set import Batch, choose, service_order
+from part2.managed_set import choose, service_order
 from part2.pipeline import ClientStream, Pipeline
 from scaffolding.faults import FaultyUpstream
 from ground.server import Hooks
@@ -61,6 +62,39 @@ def test_a_live_set_spreads_pending_calls_as_choose_says_and_refuses_once_every_
         assert (managed_set.picks, managed_set.refusals, managed_set.load()) == (4, 1, [4])
         managed_set.shut_down()
         assert [call.result() for call in calls] == ["MessageLost: client shut down"] * 4
+
+
+def test_threads_that_pick_then_call_at_once_spread_over_the_set_each_its_own_reply():
+    """pick() reserves the client for the call its thread makes next: thirty threads that
+    all pick before any calls find three clients busy in turn, not one idle thirty times."""
+    with contextlib.ExitStack() as stack:
+        upstreams = [stack.enter_context(FaultyUpstream()) for _ in range(3)]
+        managed_set = ManagedSet([(upstream.addr, 1) for upstream in upstreams])
+        picked = threading.Barrier(30)
+
+        def pick_then_call(number):
+            client, _ = managed_set.pick()
+            picked.wait(Hooks.hook_timeout)   # every pick made before any call
+            return client.call(b"GET k%d\n" % number)
+        calls = [in_background(pick_then_call, number) for number in range(30)]
+        assert [call.result() for call in calls] == [
+            answer(b"GET k%d" % number)[:-1].decode() for number in range(30)]
+        served = [upstream.requests for upstream in upstreams]
+        assert min(served) >= 5 and sum(served) == 30, served
+        assert [client.reserved for clients in managed_set.clients for client in clients] == \
+            [0, 0, 0]
+        managed_set.shut_down()
+
+
+def test_a_reservation_given_back_unused_counts_no_more():
+    with FaultyUpstream() as upstream:
+        managed_set = ManagedSet([(upstream.addr, 2)])
+        client, _ = managed_set.pick()
+        assert managed_set.load() == [1]
+        client.release()
+        assert managed_set.load() == [0]
+        assert client.call(b"GET a\n") == b"a=AAAAAAAAAAAA\n" and client.reserved == 0
+        managed_set.shut_down()
 
 
 def test_pick_skips_services_the_cache_has_disabled():
@@ -203,59 +237,75 @@ def test_shut_down_cuts_a_retry_wait_short():
         assert call.result() == "ManagedError: set shut down" and time.monotonic() - started < 5
 
 
-# --- a turn's entries, in batches -------------------------------------------------------------
+# --- a turn's requests, in batches ------------------------------------------------------------
 
 class Counts:
     answered = failed = 0
 
 
+class Written:
+    def __init__(self):
+        self.out = bytearray()
+
+    def write(self, data):
+        self.out += data
+
+
 class Owner:
-    """Stands in for a set: what each entry a failed batch left owed went on with."""
-    on_event = None
+    """Stands in for a set: what each request a lost connection left owed went on with."""
 
     def __init__(self):
         self.alone = []
 
-    def _attempt_failed(self, attempts, error):
-        owed = attempts.requests[attempts.answered:]
-        self.alone.append((attempts.sink, owed, attempts.number, attempts.index, type(error)))
+    def attempt_failed(self, request, error):
+        self.alone.append((request.client, request.data, request.attempts, request.service,
+                           type(error)))
 
 
-def test_a_batch_is_one_run_of_its_entries_bytes_and_if_it_fails_each_entry_goes_on_alone():
-    streams = [ClientStream(LINES, Counts()) for _ in range(2)]
-    (first,), (second,) = streams[0].feed(b"GET a\nGET b\n"), streams[1].feed(b"GET c\n")
+def streams_with_requests(*reads):
+    """A ClientStream per read, each given its read: (streams, the requests they made)."""
+    streams, gathered = [], []
+    for data in reads:
+        stream = ClientStream(LINES, Counts(), Written())
+        stream.gather = gathered.extend
+        stream.received(data)
+        streams.append(stream)
+    return streams, gathered
+
+
+def test_a_turns_requests_go_in_one_write_and_if_it_is_lost_each_owed_one_goes_on_alone():
+    streams, requests = streams_with_requests(b"GET a\nGET b\n", b"GET c\n")
     owner = Owner()
-    batch = Batch(owner, 0, ManagedSet.RETRIED_BY_CALL)
-    for entry in (first, second):
-        batch.add(entry)
-    run = batch.run(deadline=None)
-    assert run.data == b"GET a\nGET b\nGET c\n"
-    assert run.requests == [b"GET a\n", b"GET b\n", b"GET c\n"]
-    core = Pipeline(LINES, lambda run, replies, first: None)
-    core.queue(run)
-    core.feed(answer(b"GET a"))   # the first entry's first reply, then the connection is lost
-    core.lose(MessageLost("upstream closed the connection"))
-    assert bytes(streams[0].out) == answer(b"GET a") and streams[1].out == bytearray()
-    assert owner.alone == [(first, [b"GET b\n"], 1, 0, MessageLost),
-                           (second, [b"GET c\n"], 1, 0, MessageLost)]   # in the batch's order
+    for request in requests:
+        request.placer, request.attempts, request.service = owner, 1, 0
+    core = Pipeline(LINES)
+    assert core.queue(requests) == b"GET a\nGET b\nGET c\n"
+    settled, _ = core.feed(answer(b"GET a"))   # the first reply, then the connection is lost
+    for request, reply in settled:
+        request.client.replied(request, reply)
+    for request in core.lose():
+        request.fail(MessageLost("upstream closed the connection"))
+    assert bytes(streams[0].transport.out) == answer(b"GET a") and not streams[1].transport.out
+    assert owner.alone == [(streams[0], b"GET b\n", 1, 0, MessageLost),
+                           (streams[1], b"GET c\n", 1, 0, MessageLost)]   # in the write's order
 
 
-def test_a_turns_entries_with_a_choice_of_clients_are_picked_one_by_one_and_make_a_run_per_client():
+def test_a_turns_requests_with_a_choice_of_clients_are_picked_one_by_one_one_write_per_client():
+    sent = []
     with FaultyUpstream(every="skip") as silent:   # every call stays pending
-        managed_set = ManagedSet([(silent.addr, 3)])
-        streams = [ClientStream(LINES, Counts()) for _ in range(4)]
-        entries = [stream.feed(b"GET %d\n" % number)[0] for number, stream in enumerate(streams)]
-        managed_set.loop.ask(managed_set.place_batch, entries)
+        managed_set = ManagedSet([(silent.addr, 3)], on_event=lambda client, event: sent.append(
+            client) if event[0] == "sent" else None)
+        streams, requests = streams_with_requests(*[b"GET %d\n" % number for number in range(4)])
+        managed_set.loop.ask(managed_set.gather, requests)   # placed once the next reads are over
+        silent.wait_requests(4)
         clients = managed_set.clients[0]
         # picked as one by one: a new client each, while there is room; then the least busy
         assert [client.pending_calls for client in clients] == [2, 1, 1]
-
-        def runs_of(connection):
-            return len(connection.waiting) + len(connection.pipeline.owed)
-        runs = managed_set.loop.ask(lambda: [runs_of(client.connection) for client in clients])
-        assert runs == [1, 1, 1] and (managed_set.picks, managed_set.attempts) == (4, 4)
+        assert sorted(map(clients.index, sent)) == [0, 1, 2]   # one write each
+        assert (managed_set.picks, managed_set.attempts) == (4, 4)
         managed_set.shut_down()
-    assert [bytes(stream.out) for stream in streams] == [b"ERR MessageLost: client shut down\n"] * 4
+    assert [bytes(stream.transport.out) for stream in streams] == [
+        b"ERR MessageLost: client shut down\n"] * 4
 
 
 # --- the set's own cache: failover out of the box, and never refusing everything ------------

@@ -15,6 +15,8 @@ import pytest
 
 from conftest import ROOT, closed_port_addr
 from part2 import proxy as proxies
+from part2.loop import INBOX_SIZE
+from part2.pipeline import OWED_MAX
 from part2.managed import ManagedClient, ManagedProxy, ManagedSet, ReliabilityCache, VirtualClock
 from part2.managed_demo import ask, in_background
 from scaffolding import kit
@@ -88,35 +90,35 @@ def batch_scenario(fault=None, **options):
             upstream.fail_next(1, how=fault)
         for number, client in enumerate(clients):
             client.sendall(b"GET k%d\nGET j%d\n" % (number, number))
-        unread = {client.sock for client in proxy.clients}
+        unread = {client.transport.sock for client in proxy.clients}
         while unread:   # once every client's bytes are in, one turn reads them all
             readable, _, _ = select.select(list(unread), [], [], Hooks.hook_timeout)
             assert readable, "a client's bytes never reached the proxy"
             unread -= set(readable)
         proxy.loop.run_once()
-        assert proxy.managed_set.attempts == 8
+        assert proxy.managed_set.attempts == 16
         turn_until(proxy, lambda: proxy.answered + proxy.failed == 16 and not any(
-            client.out for client in proxy.clients))
+            client.transport.out for client in proxy.clients))
         replies = [[next(lines), next(lines)] for lines in map(read_lines, clients)]
     return [event[-1] for event in sent], [event[1:] for event in attempts], replies
 
 
-def test_what_every_client_sent_in_one_turn_goes_upstream_as_one_run_each_client_its_own_replies():
+def test_what_every_client_sent_in_one_turn_goes_upstream_in_one_write_each_its_own_replies():
     sent, attempts, replies = batch_scenario()
-    (run,) = sent
+    (written,) = sent
     asked = [b"GET k%d\nGET j%d\n" % (n, n) for n in range(8)]
-    assert sorted(run.splitlines(keepends=True)) == sorted(b"".join(asked).splitlines(True))
-    assert all(request in run for request in asked)   # each client's two requests side by side
+    assert sorted(written.splitlines(True)) == sorted(b"".join(asked).splitlines(True))
+    assert all(request in written for request in asked)   # each client's two side by side
     assert replies == [[answer(b"GET k%d" % n)[:-1], answer(b"GET j%d" % n)[:-1]] for n in range(8)]
-    assert attempts == [(1, 0, "ok")] * 8   # one attempt per client, each ok
+    assert attempts == [(1, 0, "ok")] * 16   # one attempt per request, each ok
 
 
-def test_a_turns_run_that_fails_leaves_each_clients_requests_to_go_on_alone_retried_or_failed():
+def test_a_turns_write_that_fails_leaves_each_request_retried_or_failed_on_its_own():
     sent, attempts, replies = batch_scenario("drop", idempotent=True, idempotent_wait=0)
-    assert len(sent) == 9 and sorted(sent[1:]) == [b"GET k%d\nGET j%d\n" % (n, n) for n in range(8)]
+    assert len(sent) == 2 and sorted(sent[1].splitlines()) == sorted(sent[0].splitlines())
     assert replies == [[answer(b"GET k%d" % n)[:-1], answer(b"GET j%d" % n)[:-1]] for n in range(8)]
     lost = "MessageLost: upstream closed the connection"
-    assert attempts == [(1, 0, lost)] * 8 + [(2, 0, "ok")] * 8
+    assert attempts == [(1, 0, lost)] * 16 + [(2, 0, "ok")] * 16
     _, _, replies = batch_scenario("drop")   # call()'s semantics: a lost request is not retried
     assert replies == [[b"ERR " + lost.encode()] * 2] * 8
 
@@ -163,14 +165,15 @@ def test_a_client_that_never_reads_is_not_read_once_its_replies_pile_up_and_the_
         assert ask(proxy.addr, ["GET a"]) == ["a=AAAAAAAAAAAA"]
         # read on the loop's thread, where a client leaves the set in the turn that closes it
         reading, owed, out = proxy.loop.ask(state_of_the_client_at, proxy, flooder.getsockname())
-        past = proxies.CLIENT_READ // len(request) + 1   # requests a read may bring past the bound
-        assert not reading and owed <= proxies.OWED_MAX + past
-        assert out <= proxies.OUT_HIGH + (proxies.OWED_MAX + past) * len(reply)
+        past = INBOX_SIZE // len(request) + 1   # requests a read may bring past the bound
+        assert not reading and owed <= OWED_MAX + past
+        assert out <= proxies.BACKLOG_HIGH + (OWED_MAX + past) * len(reply)
 
 
 def state_of_the_client_at(proxy, address):
-    (client,) = [client for client in proxy.clients if client.sock.getpeername() == address]
-    return client.reading, client.owed, len(client.out)
+    (client,) = [client for client in proxy.clients
+                 if client.transport.sock.getpeername() == address]
+    return client.transport.reading, len(client.queue), client.backlog()
 
 
 def test_close_answers_what_is_owed_with_an_error_and_closes_every_socket():

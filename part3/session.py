@@ -162,7 +162,8 @@ class RedisSession(PoolAnswers, Session):
     def admit(self, request):
         if self.mode in ROUTINE and type(request) is bytes and \
                 self.framing.forwards_plainly(request):
-            self.lease, self.wait = HELD if self.mode in HOLDING else POOLED, None
+            self.lease = HELD if self.mode in HOLDING else POOLED
+            self.wait, self.settles = None, False
             return None   # the common case: its name says so, and no words are split
         if self.mode == "quitting":   # nothing is answered: the connection is ending
             return b""
@@ -208,8 +209,8 @@ class RedisSession(PoolAnswers, Session):
                 return self.doom(f"{shown(name)} is the pool's to answer, and a transaction "
                                  f"cannot hold it")
             return answer(self, items)
-        if action == commands.PIN:
-            self.lease = HELD
+        if action == commands.PIN:   # its reply begins or ends the hold: the next waits for it
+            self.lease, self.settles = HELD, True
             return None
         if action == commands.DEDICATE:
             return self.dedicate(name, commands.kind_of(commands.lookup(items), items), items,

@@ -44,7 +44,7 @@ import socket
 import threading
 import time
 
-from part2.connection import ABANDONED_MAX   # Part two's bound on replies owed to nobody
+from part2.managed import ABANDONED_MAX   # Part two's bound on replies owed to nobody
 from ground.frames import LineTooLong
 from ground.server import Hooks, host_and_port, ready, Server, shutdown
 from tcp_proxy import answer, loggable, read_lines

@@ -8,13 +8,9 @@ import socket
 import string
 import types
 
-import pytest
-
 from conftest import need_redis
-from part2.calls import MessageLost, Run
-from part2.managed import ManagedClient, ManagedProxy
+from part2.managed import ManagedClient, ManagedProxy, Pipeline, Request
 from part2.managed_demo import in_background, outcome
-from part2.pipeline import OutOfStep, Pipeline
 from part3.redis_server import RedisControl, read_resp, redis_and_control
 from part3.resp import RESP, Resp
 from scaffolding import kit
@@ -22,23 +18,13 @@ from scaffolding.faults import FaultyUpstream
 from ground.server import Hooks
 
 
-class Sink:
-    """A run's sink that keeps nothing: these tests look at what the pipeline raises."""
-
-    def replied(self, run, replies):
-        pass
-
-    def failed(self, run, error):
-        pass
-
-
 # --- replies RESP cannot frame ---------------------------------------------------------------
 
 def test_bytes_resp_cannot_frame_are_out_of_step_in_the_socket_free_pipeline():
-    core = Pipeline(RESP, lambda run, replies, first: None, True)
-    core.queue(Run([b"GET a\r\n"], Sink()))
-    with pytest.raises(OutOfStep, match="resp.RESP cannot frame"):
-        core.feed(b"a=AAAAAAAAAAAA\n")
+    core = Pipeline(RESP)
+    core.queue([Request(None, b"GET a\r\n")])
+    settled, misstep = core.feed(b"a=AAAAAAAAAAAA\n")
+    assert settled == [] and "resp.RESP cannot frame" in misstep.reason
 
 
 def test_a_reply_the_framing_cannot_read_is_out_of_step_and_costs_the_call_owed_message_lost():
@@ -130,23 +116,6 @@ def test_a_managed_proxy_over_resp_gives_many_threads_their_own_random_values_on
 
 # --- a client's state, synced in the pipeline --------------------------------------------------
 
-class Told:
-    """What a run's sink was told, in order."""
-
-    def __init__(self):
-        self.told = []
-
-    def replied(self, run, replies):
-        self.told += [("reply", reply) for reply in replies]
-
-    def failed(self, run, error):
-        self.told.append(("failed", type(error).__name__, len(run.requests) - run.answered))
-
-
-def resp_pipeline(framing):
-    return Pipeline(framing, lambda run, replies, first: None, True)
-
-
 def resp_array(*items):
     return b"*%d\r\n" % len(items) + b"".join(b"$%d\r\n%s\r\n" % (len(i), i) for i in items)
 
@@ -156,35 +125,36 @@ HELLO_MAP = b"%1\r\n$6\r\nserver\r\n$5\r\nredis\r\n"
 HELLO_ARRAY = b"*2\r\n$6\r\nserver\r\n$5\r\nredis\r\n"
 
 
-def test_a_run_whose_state_differs_goes_after_the_sync_that_brings_the_connection_to_it():
-    core = resp_pipeline(RESP)
-    sinks = [Told() for _ in range(3)]
-    for sink, state in zip(sinks, [(3, 1, False, None), (3, 1, False, None), (2, 0, False, None)]):
-        core.queue(Run([GET_K], sink, state=state))
-    assert bytes(core.out) == (resp_array(b"HELLO", b"3") + resp_array(b"SELECT", b"1") +
-                               GET_K + GET_K +   # the second: the queue's end is there already
-                               resp_array(b"HELLO", b"2") + resp_array(b"SELECT", b"0") + GET_K)
-    core.feed(HELLO_MAP + b"+OK\r\n" + b"$3\r\none\r\n" + b"$3\r\ntwo\r\n" + HELLO_ARRAY +
-              b"+OK\r\n" + b"$5\r\nthree\r\n")
-    assert [sink.told for sink in sinks] == [[("reply", b"$3\r\none\r\n")],
-                                             [("reply", b"$3\r\ntwo\r\n")],
-                                             [("reply", b"$5\r\nthree\r\n")]]
+def test_a_request_whose_state_differs_goes_after_the_sync_that_brings_the_connection_to_it():
+    core = Pipeline(RESP)
+    requests = [Request(None, GET_K, state) for state in
+                [(3, 1, False, None), (3, 1, False, None), (2, 0, False, None)]]
+    assert core.queue(requests) == (resp_array(b"HELLO", b"3") + resp_array(b"SELECT", b"1") +
+                                    GET_K + GET_K +   # the second: the queue's end is there already
+                                    resp_array(b"HELLO", b"2") + resp_array(b"SELECT", b"0") +
+                                    GET_K)
+    settled, misstep = core.feed(HELLO_MAP + b"+OK\r\n" + b"$3\r\none\r\n" +
+                                 b"$3\r\ntwo\r\n" + HELLO_ARRAY + b"+OK\r\n" +
+                                 b"$5\r\nthree\r\n")
+    assert misstep is None and [(request, reply) for request, reply in settled
+                                if not request.sync] == [
+        (requests[0], b"$3\r\none\r\n"), (requests[1], b"$3\r\ntwo\r\n"),
+        (requests[2], b"$5\r\nthree\r\n")]
 
 
 def test_a_sync_answered_with_an_error_is_out_of_step_and_no_client_sees_its_reply():
-    core = resp_pipeline(RESP)
-    sink = Told()
-    core.queue(Run([GET_K], sink, state=(2, 4, False, None)))
-    with pytest.raises(OutOfStep) as raised:
-        core.feed(b"-ERR DB index is out of range\r\n" + b"$3\r\nold\r\n")
-    assert str(raised.value) == ("the connection could not take a client's state: SELECT was "
-                                 "answered -ERR DB index is out of range")
-    assert core.lose(MessageLost("out of step")) == 1
-    assert sink.told == [("failed", "MessageLost", 1)]
+    core = Pipeline(RESP)
+    request = Request(None, GET_K, (2, 4, False, None))
+    core.queue([request])
+    settled, misstep = core.feed(b"-ERR DB index is out of range\r\n" + b"$3\r\nold\r\n")
+    assert misstep.reason == ("the connection could not take a client's state: SELECT was "
+                              "answered -ERR DB index is out of range")
+    assert settled == []   # the sync's reply goes to no one, the reply behind it is not read
+    assert list(core.lose()) == [request]
 
 
-def test_a_run_that_asks_no_state_takes_the_connection_as_it_is_after_the_pools_own_auth():
-    core = resp_pipeline(Resp(upstream_password="secret"))
-    core.queue(Run([GET_K], Told()))   # a thread's call: no state of its own
-    core.queue(Run([GET_K], Told(), state=RESP.fresh_state))   # as the connection was opened
-    assert bytes(core.out) == resp_array(b"AUTH", b"secret") + GET_K + GET_K
+def test_a_request_that_asks_no_state_takes_the_connection_as_it_is_after_the_pools_own_auth():
+    core = Pipeline(Resp(upstream_password="secret"))
+    data = core.queue([Request(None, GET_K)])   # a thread's call: no state of its own
+    data += core.queue([Request(None, GET_K, RESP.fresh_state)])   # as the connection was opened
+    assert data == resp_array(b"AUTH", b"secret") + GET_K + GET_K

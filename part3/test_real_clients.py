@@ -21,10 +21,10 @@ from part3.conftest import REDIS_PROXIES, redis_py_client
 from part3 import parser, words
 from part3.resp import RESP
 from part3 import redis_server
-from part2.pipeline import ClientStream, hand_out
+from part2.managed import ClientStream
 from ground.frames import MAX_LINE
 from ground.server import Server
-from tcp_proxy import FramedProxy, LINES, read_lines
+from tcp_proxy import LINES, FramedProxy, read_lines
 from part3.framed import SessionProxy
 
 EXAMPLES = int(os.environ.get("SOAK", "40"))
@@ -220,13 +220,16 @@ def not_sent(name):
 def test_every_request_from_a_refused_multi_to_its_exec_or_discard_is_answered_and_never_sent():
     """A session given no pool refuses MULTI, and with it every request up to the EXEC or
     DISCARD that ends the transaction: answered in the client's order, none sent on."""
-    stream = ClientStream(RESP, types.SimpleNamespace(answered=0, failed=0))
-    entries = stream.feed(array("MULTI") + array("SET", "t:a", 1) + b"\r\n" + array("MULTI") +
-                          array("EXEC", "now") + array("DISCARD") + array("SET", "t:b", 2) +
-                          array("multi") + b"GET t:b\r\n" + array("exec") + array("EXEC"))
-    assert [entry.requests for entry in entries] == [[array("SET", "t:b", 2)]]   # sent: that alone
-    hand_out(entries, [b"+OK\r\n"])
-    assert bytes(stream.out) == b"".join([
+    sent = []
+    stream = ClientStream(RESP, types.SimpleNamespace(answered=0, failed=0),
+                          types.SimpleNamespace(out=bytearray(), write=None))
+    stream.transport.write, stream.gather = stream.transport.out.extend, sent.extend
+    stream.received(array("MULTI") + array("SET", "t:a", 1) + b"\r\n" + array("MULTI") +
+                    array("EXEC", "now") + array("DISCARD") + array("SET", "t:b", 2) +
+                    array("multi") + b"GET t:b\r\n" + array("exec") + array("EXEC"))
+    assert [request.data for request in sent] == [array("SET", "t:b", 2)]   # sent: that alone
+    stream.replied(sent[0], b"+OK\r\n")
+    assert bytes(stream.transport.out) == b"".join([
         MULTI_REFUSED, not_sent(b"SET"), not_sent(b"MULTI"), not_sent(b"EXEC"),   # a blank: nothing
         b"+OK\r\n",                                  # DISCARD ends it, as redis-server's does
         b"+OK\r\n",                                  # SET t:b, sent: the transaction is over

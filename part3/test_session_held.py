@@ -1,13 +1,17 @@
 """What a Redis client's session holds a connection for: a transaction on the connection
 the client holds, a wait or a stream on one of its own, each bounded and closed after."""
 import re
+import socket
 import time
 
 import pytest
 
+from part2.managed import ManagedProxy
 from part3.conftest import POOL_KINDS, Client, make_pool, server_clients, wait_for
 from part3.framed import SessionProxy
 from part3.resp import RESP, Resp
+from ground.server import shutdown
+from tcp_proxy import PassthroughProxy
 
 
 # --- a transaction on the connection the client holds ----------------------------------------
@@ -229,3 +233,46 @@ def test_monitor_is_refused_by_the_pools_policy_and_streams_once_allowed_by_name
         control.command("SET seen yes")
         assert re.fullmatch(rb'\+[0-9.]+ \[0 127\.0\.0\.1:\d+\] "SET" "seen" "yes"\r\n',
                             watcher.read())
+
+
+class HoldsATransactionsRepliesUntilItsExec(PassthroughProxy):
+    """A relay in front of redis-server: on a connection that has carried MULTI, once MULTI's
+    reply has gone back, every reply waits until EXEC has gone upstream. A pool that sent
+    a transaction's commands one reply at a time would wait on it for ever."""
+    counters = {**PassthroughProxy.counters, "execs": 0}
+    # execs  EXECs forwarded upstream; bumped as each goes
+
+    def __init__(self, upstream_addr):
+        self.transactions = {}   # upstream socket -> the replies gone back since its MULTI
+        super().__init__(upstream_addr)
+
+    def _one_way(self, source, sink, counter):
+        deliver = self._forward if counter == "forwarded" else self._return
+        self.pump(source, lambda data: deliver(source, sink, data), counter)
+        shutdown(sink, socket.SHUT_WR)
+
+    def _forward(self, client, upstream, data):
+        if b"MULTI" in data:
+            self.transactions[upstream] = 0
+        upstream.sendall(data)
+        if b"EXEC" in data:
+            self.count("execs")
+
+    def _return(self, upstream, client, data):
+        if upstream in self.transactions:
+            if self.transactions[upstream]:   # MULTI's own reply has gone back already
+                self.wait_until(lambda: self.execs or self.closed, "the EXEC")
+            self.transactions[upstream] += 1
+        client.sendall(data)
+
+
+def test_a_transactions_commands_go_to_its_connection_as_they_come_not_one_reply_at_a_time(
+        redis, clients):
+    sets = [f"SET t:{number} {number}" for number in range(10)]
+    with HoldsATransactionsRepliesUntilItsExec(redis.addr) as relay, \
+            ManagedProxy([(relay.addr, 1)], framing=RESP) as proxy:
+        client = clients(proxy.addr)
+        replies = client.ask("MULTI", *sets, "EXEC", "GET t:9")
+    assert replies == [b"+OK\r\n"] + [b"+QUEUED\r\n"] * 10 + [
+        b"*10\r\n" + b"+OK\r\n" * 10, b"$1\r\n9\r\n"]
+    assert relay.execs == 1

@@ -4,8 +4,7 @@ request reaches no one."""
 import re
 import socket
 
-from part2.connection import READ_SIZE, WINDOW
-from part2.managed import ManagedProxy
+from part2.managed import INBOX_SIZE, WINDOW, ManagedProxy
 from part3.conftest import Client, array, lost, make_pool, wait_for
 from part3.resp import RESP
 from ground.frames import Frames
@@ -160,11 +159,11 @@ def test_a_long_reply_parked_behind_its_clients_slower_reply_stops_its_connectio
             client.send(array("GET", "slow"))
             relay.wait_held(1)
             client.send(array("GET", "big"))
-            bound = WINDOW + READ_SIZE   # the pause is checked after each read of the upstream
+            bound = WINDOW + INBOX_SIZE   # the pause is checked after each read of the upstream
 
             def paused_or_past_the_bound():
                 return proxy.loop.ask(lambda: (
-                    any(c.connection is not None and c.connection.paused
+                    any(c.connection is not None and not c.connection.transport.reading
                         for c in proxy.managed_set.clients[0]),
                     max(map(kept_for, proxy.clients))))
             wait_for(lambda: paused_or_past_the_bound()[0] or
@@ -183,8 +182,9 @@ def test_a_long_reply_parked_behind_its_clients_slower_reply_stops_its_connectio
 
 
 def kept_for(stream):
-    """The bytes a proxy client's stream keeps: its out and what is parked in its entries."""
-    return len(stream.out) + sum(len(data) for entry in stream.waiting for data in entry.parked)
+    """The bytes a proxy client's stream keeps: unsent, and kept on its requests still owed."""
+    return len(stream.transport.out) + sum(
+        len(request.reply or b"") + sum(map(len, request.pieces)) for request in stream.queue)
 
 
 BIG = 8 << 20   # bytes of the big value: the window and a read many times over

@@ -28,9 +28,9 @@ from conftest import ROOT
 pytestmark = pytest.mark.xdist_group("test_house")
 
 LESSON = {"ground", "ground.frames", "ground.server", "ground.session", "ground.workers",
-          "tcp_proxy", "part2.managed", "part2.clock", "part2.cache", "part2.calls", "part2.loop",
-          "part2.pipeline", "part2.connection", "part2.client", "part2.managed_set", "part2.proxy",
-          "part2.lease",
+          "tcp_proxy", "part2.managed", "part2.clock", "part2.hooks", "part2.cache", "part2.calls",
+          "part2.handoff", "part2.loop", "part2.pipeline", "part2.connection", "part2.client",
+          "part2.managed_set", "part2.proxy", "part2.lease",
           "part3.parser", "part3.words", "part3.resp", "part3.answers", "part3.session",
           "part3.commands", "part3.tagged", "part3.lending", "part3.framed", "part3.streams"}
 FLOORS = {"ground": 0, "tcp_proxy": 1, "conftest": 1, "scaffolding": 1, "part2": 2, "part3": 3}
