@@ -22,6 +22,11 @@ from ground.frames import Frames, Head, Passed
 from ground.session import POOLED, NotYet
 
 OWED_MAX = 1024   # a client's requests not yet answered before it is read no more
+# A client's requests in flight on the shared connections at once; the rest of what it sent
+# waits its turn, so that one client's long pipeline cannot put every other client's
+# requests behind all of its own (at 50 ms a request, what waits ahead of a newcomer is
+# this many requests at most).
+FAIR_SHARE = 8
 
 
 class Request:
@@ -40,6 +45,7 @@ class Request:
     abandoned = False   # timed out, connection kept: its reply is owed and thrown away
     overdue_at = None   # abandoned: when its missing reply ends the connection
     sync = False        # a request of the pool's own, bringing its connection to a state
+    shared = False      # a proxy client's, on a shared connection: one of its FAIR_SHARE
 
     def __init__(self, client, data, state=None):
         self.client = client   # who hears its outcome
@@ -214,9 +220,11 @@ class ClientStream:
 
     Admission stops at a request its session lends a connection of the client's own
     (lease not POOLED) or whose answer needs what the pool is still learning (NotYet):
-    the rest is `held`. What a subclass (the proxy's client) may override: held_up() (it
-    lends `lent`, then admit_held()), lend_now() (a request on the transaction's own
-    connection), answered() (the pool answered one), bounded() and cut().
+    the rest is `held`. It stops too once FAIR_SHARE of its requests are in flight on the
+    shared connections, and goes on as their replies come (`sharing`). What a subclass (the
+    proxy's client) may override: held_up() (it lends `lent`, then admit_held()),
+    lend_now() (a request on the transaction's own connection), answered() (the pool
+    answered one), bounded() and cut().
     """
     gather = None   # what takes the requests each read made for the pool (the proxy's set)
 
@@ -233,6 +241,8 @@ class ClientStream:
         self.held = None           # what was read and not yet admitted (None: admitting)
         self.held_error = None     # the framing's error after it
         self.lent = None           # the request admission stopped at, to go on one of its own
+        self.shared = 0            # its requests in flight on shared connections
+        self.sharing = False       # admission stopped at FAIR_SHARE of them: on as they come
 
     # -- requests in --
 
@@ -269,7 +279,12 @@ class ClientStream:
                 break
             if answer is None:
                 if session.lease == POOLED and not long:
+                    if self.shared >= FAIR_SHARE:   # the rest wait their turn
+                        self.held, self.held_error, self.sharing = taken[index:], error, True
+                        break
                     requests.append(request := Request(self, request, state))
+                    request.shared = True
+                    self.shared += 1
                     queue.append(request)
                     continue
                 if not long and (lent := self.lend_now(request, state)) is not None:
@@ -316,6 +331,11 @@ class ClientStream:
         """A reply from upstream: written now if its request is the oldest this client waits
         for (with the replies kept behind it), else kept on its request until it is."""
         self.counts.answered += 1
+        if request.shared:
+            self.shared -= 1
+            if self.sharing and self.shared <= FAIR_SHARE // 2:   # its turn again
+                self.sharing = False
+                self.admit_held()
         queue = self.queue
         if queue and queue[0] is request:
             queue.popleft()

@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT, closed_port_addr
 from part2 import proxy as proxies
 from part2.loop import INBOX_SIZE
+from part2 import pipeline as pipelines
 from part2.pipeline import OWED_MAX
 from part2.managed import ManagedClient, ManagedProxy, ManagedSet, ReliabilityCache, VirtualClock
 from part2.managed_demo import ask, in_background
@@ -408,3 +409,24 @@ def test_demo_managed_prints_the_golden_transcript_on_every_run():
                              capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, run.stderr
         assert run.stdout == expected
+
+
+# --- a fair share of a shared connection ---------------------------------------------------
+
+def test_a_clients_long_pipeline_puts_a_newcomers_request_behind_a_fair_share_of_its_own():
+    """The upstream answers nothing until FAIR_SHARE + 1 requests are in: the hog's share,
+    and the newcomer's, placed before the rest of the hog's pipeline."""
+    share = pipelines.FAIR_SHARE
+    with FaultyUpstream(gate=share + 1) as upstream, \
+            ManagedProxy([(upstream.addr, 1)]) as proxy:
+        hog = socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout)
+        newcomer = socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout)
+        with hog, newcomer:
+            hog.sendall(b"".join(b"GET hog%d\n" % number for number in range(5 * share)))
+            upstream.wait_requests(share)
+            newcomer.sendall(b"GET newcomer\n")
+            assert next(read_lines(newcomer)) == b"newcomer=NNNNNNNNNNNN"
+            hogs = read_lines(hog)
+            assert [next(hogs) for _ in range(5 * share)] == [
+                answer(b"GET hog%d" % number).rstrip(b"\n") for number in range(5 * share)]
+        assert list(upstream.parsed)[share] == "GET newcomer"
