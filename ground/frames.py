@@ -95,6 +95,11 @@ class Frames:
     def rest(self):
         return bytes(self.unread)
 
+    def midway(self):
+        """True while a message has begun and not ended: bytes of it are kept, or a passing
+        parser has let some go (a long one's pieces) and its end has not come."""
+        return bool(self.unread) or getattr(self._parser, "dropped", 0) > 0
+
 
 class LineEnd:
     """Where one line ends, as a parser Frames can use: it searches only bytes it has

@@ -27,7 +27,6 @@ from ground.frames import Passed
 
 ABANDONED_MAX = 64        # abandoned requests one connection may owe; one more ends it
 QUEUED_MAX = 256 * 1024   # bytes of requests unsent on a connection before the next ones wait
-WINDOW = 1 << 20          # bytes of a long reply its client may have unread before reading stops
 PING = b"PING\n"          # the initial ping: a toy protocol request, and an inline command to Redis
 
 
@@ -195,7 +194,6 @@ class Connection(Deadlines):
         self.ping, self.ended = None, False
         self.abandoned = 0       # requests owed whose callers gave up
         self.idle_since = None
-        self.passing_to = None   # the client a long reply's pieces went to last
 
     def pending(self):   # placed here and not yet settled, abandoned ones (owed still) too
         return len(self.pipeline.owed) + len(self.waiting)
@@ -297,7 +295,7 @@ class Connection(Deadlines):
         for index, (request, message) in enumerate(settled):
             if type(message) is not bytes and not isinstance(message, Passed):   # a piece
                 if not request.abandoned:
-                    self.passing_to = request.client.passing(request, message)
+                    request.client.passing(request, message)
                 continue
             if request.abandoned:
                 client.discarded += 1
@@ -317,10 +315,6 @@ class Connection(Deadlines):
         client.replies += replies
         if settled and not client.rcache.steady:   # a reply forgets the port's errors, if any
             client.rcache.record_success(client.addr)
-        if pipeline.passing is not None and not self.ended and \
-                self.passing_to.backlog() > WINDOW:   # a long reply: on once its client has read
-            self.transport.pause()
-            self.passing_to.when_caught_up(self._read_again)
         if misstep is not None:
             request = misstep.request
             oldest = Owing(request.data, request.abandoned) if request else None
@@ -343,10 +337,6 @@ class Connection(Deadlines):
         owed = [later for later, kept in settled[index + 1:]
                 if type(kept) is bytes or isinstance(kept, Passed)] + list(self.pipeline.owed)
         self.client._tell("reply", self, message, Owing(request.data, request.abandoned), owed=owed)
-
-    def _read_again(self):
-        if not self.ended:
-            self.transport.resume()
 
     def hung_up(self, reason):
         """The transport's end: an EOF (reason None), or a failed connect or send."""

@@ -38,6 +38,7 @@ from ground.session import HELD, NotYet
 from part2.pipeline import Request
 from ground.frames import Frames, Passed, Piece
 
+WINDOW = 1 << 20     # bytes a stream's subscriber may have unread before its stream is read no more
 FACTS_RETRY = 1.0   # seconds the pool answers with its failure to learn, before it asks again
 
 
@@ -171,6 +172,7 @@ class OwnLink:
                                     rcache=managed_set.rcache, msg_timeout=proxy.msg_timeout,
                                     msg_timeout_is_fatal=True)
         self.closed = False
+        self.silent = False   # closed by its client, which says why itself: no error to tell
         self.last = None   # the last request sent (a long one's pieces follow it)
 
     def send(self, data, state, wait=None):
@@ -193,6 +195,8 @@ class OwnLink:
         return self.stream.passing(request, piece)
 
     def failed(self, request, error):
+        if self.silent:
+            return
         session = self.stream.session
         if session.lease == HELD or session.holds:
             session.lost()   # its transaction went with it: the rest is refused to its end
@@ -232,7 +236,7 @@ class StreamLink:
     before it are all in (busy() is false again). Reading stops while the client has
     `window` bytes or more to take."""
 
-    def __init__(self, proxy, stream, window):
+    def __init__(self, proxy, stream, window=WINDOW):
         proxy.lending.opened()
         self.proxy, self.stream, self.loop = proxy, stream, proxy.loop
         self.session, self.framing, self.window = stream.session, proxy.framing, window

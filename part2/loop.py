@@ -334,13 +334,12 @@ class Transport:
         del out[:count]
         if self.sent is not None and count:
             self.sent(count)
-        if self.limit is not None and len(out) > self.limit:
-            self.protocol.overflowed()
-            return
         if self.drained:
             self._tell_drained()
         if not self.closed and (WRITE if out else 0) != self.watching & WRITE:
-            self._watch()
+            self._watch()   # room to send is watched for while bytes are left, limit or not
+        if self.limit is not None and len(out) > self.limit and not self.closed:
+            self.protocol.overflowed()
 
     def when_drained(self, function, below):
         """function() after the next send that leaves fewer than `below` bytes unsent."""

@@ -32,13 +32,13 @@ from part2.calls import (BlockingCall, ClusterServiceUnavailable, CommunicationE
                          ManagedError, MessageLost, MessageTimeout, ServiceUnavailable)
 from part2.client import TRANSITIONS_KEPT, ManagedClient
 from part2.clock import RealClock, VirtualClock
-from part2.connection import ABANDONED_MAX, WINDOW, Connection
+from part2.connection import ABANDONED_MAX, Connection
 from part2.loop import INBOX_SIZE, Loop, Transport
 from part2.managed_set import ManagedSet
 from part2.pipeline import ClientStream, Misstep, Pipeline, Request
 from part2.proxy import ManagedProxy
 
-__all__ = ["ABANDONED_MAX", "DEFAULTS", "INBOX_SIZE", "POLICIES", "TRANSITIONS_KEPT", "WINDOW",
+__all__ = ["ABANDONED_MAX", "DEFAULTS", "INBOX_SIZE", "POLICIES", "TRANSITIONS_KEPT",
            "BlockingCall", "ClientStream", "ClusterServiceUnavailable", "CommunicationError",
            "Connection", "Loop", "ManagedClient", "ManagedError", "ManagedProxy", "ManagedSet",
            "MessageLost", "MessageTimeout", "Misstep", "Pipeline", "RealClock", "ReliabilityCache",

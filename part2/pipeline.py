@@ -361,19 +361,20 @@ class ClientStream:
         else:
             request.pieces = [*request.pieces, bytes(piece)]
             self.parked += len(piece)
+        self.overflowed()   # the shared connection reads on: the client's bound decides
         return self
 
     def release(self):
         """Write what the requests at the head of the queue have, each once it is whole;
         once nothing before it is owed, the request admission stopped at is told."""
         queue, write = self.queue, self.transport.write
-        while queue:
+        while queue:   # a write may end the client (its bound), and clear the queue
             head = queue[0]
             for piece in head.pieces:
                 write(piece)
                 self.parked -= len(piece)
             head.pieces = ()
-            if head.reply is None:
+            if head.reply is None or not queue:
                 return
             queue.popleft()
             write(head.reply)
@@ -399,6 +400,9 @@ class ClientStream:
 
     def bounded(self):
         """OWED_MAX owed, admission held or the stream ended: a subclass stops reading."""
+
+    def overflowed(self):
+        """A long reply's piece was kept for the client: a subclass holds it to its bound."""
 
     def cut(self):
         """Half a long reply reached the client and the rest never will: nothing more is read."""

@@ -22,7 +22,7 @@ import socket
 
 from part2.calls import ManagedError
 from part2.clock import check_seconds
-from part2.connection import QUEUED_MAX, WINDOW
+from part2.connection import QUEUED_MAX
 from part2.lease import ManagedLending, OwnLink, StreamLink
 from part2.handoff import start_thread
 from part2.hooks import Counted
@@ -63,12 +63,16 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
     max_clients = None   # clients served at once (None: no limit); the next is turned away
 
     def __init__(self, services, idempotent=False, framing=LINES, msg_timeout=5.0,
-                 msg_timeout_is_fatal=True, **set_options):
+                 msg_timeout_is_fatal=True, request_timeout=10.0, hold_timeout=30.0,
+                 **set_options):
         check_services(services)   # before anything is made: a bad address leaves nothing behind
-        check_seconds("msg_timeout", msg_timeout)
+        for name, seconds in (("msg_timeout", msg_timeout), ("request_timeout", request_timeout),
+                              ("hold_timeout", hold_timeout)):
+            check_seconds(name, seconds)
         super().__init__(Loop(set_options.get("clock")))
         self.framing = framing
         self.msg_timeout = msg_timeout
+        self.request_timeout, self.hold_timeout = request_timeout, hold_timeout
         self.clients = set()
         self.turned_away = 0   # clients told there was no room and closed (max_clients)
         self.spare = Spare()   # a descriptor to give up, to turn one away when there are none
@@ -171,9 +175,63 @@ class ProxyClient(ClientStream):
         self.carrying = None     # the OwnLink its long request goes on, piece by piece
         self.sending = False     # a long request lent is going on, piece by piece
         self.upstream_full = False   # that link has its window of the request unsent
-        self.catching_up = None  # what to call once its backlog is short again (a long reply)
         self.transport = Transport(self.loop, sock, self, limit=BACKLOG_HIGH)
         self.session.addresses = (sock.getpeername(), sock.getsockname())
+        self.request_timer = None   # a request has begun: it has request_timeout to end
+        self.hold_timer = None      # it holds a connection: hold_timeout for its next request
+
+    # -- every lend has an end --
+
+    def received(self, data, held=None):
+        super().received(data, held)
+        if held is None and (self.frames.midway() or self.request_timer is not None or
+                             self.session.holds or self.hold_timer is not None):
+            self.deadlines()
+
+    def deadlines(self):
+        """A request begun has request_timeout from its first byte to end; a connection the
+        client holds (MULTI, WATCH), hold_timeout from each of its requests to the next."""
+        loop, proxy = self.loop, self.proxy
+        if not self.frames.midway():
+            self.request_timer = cancelled(self.request_timer)
+        elif self.request_timer is None:
+            self.request_timer = loop.at(loop.clock.now() + proxy.request_timeout,
+                                         self.request_late)
+        self.hold_timer = cancelled(self.hold_timer)
+        if self.session.holds and not self.gone:
+            self.hold_timer = loop.at(loop.clock.now() + proxy.hold_timeout, self.hold_late)
+
+    def request_late(self):
+        """No whole request within request_timeout: the client is told, and ends (what it
+        sent of the request, and anything after, is never read)."""
+        self.request_timer = None
+        if self.gone or not self.frames.midway():
+            return
+        if (carrying := self.carrying) is not None:   # half a long request went up: its
+            if carrying.last in self.queue:   # connection closes, and its place in the
+                self.queue.remove(carrying.last)   # client's order is this error's
+            carrying.silent = True
+            self._let_go(carrying)
+            self.carrying, self.sending = None, False
+        self.ended, self.held = True, None
+        self.answer(self.framing.error(f"tcp-proxy: no whole request within "
+                                       f"{self.proxy.request_timeout:g} s"))
+        self.bounded()
+
+    def hold_late(self):
+        """hold_timeout without a request while it holds a connection: the connection is
+        closed (never lent with what it holds) and the rest of its transaction refused."""
+        self.hold_timer = None
+        pinned = self.pinned
+        if self.gone or not self.session.holds:
+            return
+        if pinned is not None and pinned.owed():   # a reply still comes: not idle
+            self.deadlines()
+            return
+        if pinned is not None:
+            self._let_go(pinned)
+        self.session.lost(f"held its connection {self.proxy.hold_timeout:g} s without a "
+                          f"request")
 
     # -- its transport's protocol, and its bounds --
 
@@ -188,8 +246,10 @@ class ProxyClient(ClientStream):
         self.bounded()
 
     def overflowed(self):
-        """More than BACKLOG_HIGH unsent: read no more; past UNREAD_MAX it does not read."""
-        if len(self.transport.out) > UNREAD_MAX:
+        """More than BACKLOG_HIGH unsent, or a long reply's piece kept: read no more; past
+        UNREAD_MAX kept for it, it does not read, and is dropped rather than have a shared
+        connection wait for it."""
+        if self.backlog() > UNREAD_MAX:
             self.proxy.count("dropped")
             self.close()
         else:
@@ -215,24 +275,6 @@ class ProxyClient(ClientStream):
         else:
             self.transport.pause()
             self.transport.when_drained(self.bounded, BACKLOG_HIGH)
-
-    def when_caught_up(self, function):
-        """function() once its backlog is under the window (a long reply's connection reads on)."""
-        self.catching_up = function
-        self._caught_up()
-
-    def _caught_up(self):
-        if self.catching_up is None:
-            return
-        if self.gone or self.backlog() < WINDOW:
-            function, self.catching_up = self.catching_up, None
-            function()
-        elif self.transport.out:   # else what is kept waits for a reply before it (release())
-            self.transport.when_drained(self._caught_up, WINDOW - self.parked)
-
-    def release(self):
-        super().release()
-        self._caught_up()
 
     # -- what its session lends it (ClientStream's hooks) --
 
@@ -276,7 +318,7 @@ class ProxyClient(ClientStream):
         try:
             if session.streams:
                 if self.link is None:
-                    self.link = StreamLink(self.proxy, self, WINDOW)
+                    self.link = StreamLink(self.proxy, self)
                 # a barrier after each request, so what the pool answers next comes after its
                 # reply; but not in MONITOR's stream, which would show the barrier's PING
                 barrier = session.settles or not session.monitoring
@@ -334,6 +376,8 @@ class ProxyClient(ClientStream):
             self._let_go(link)   # the transaction is over
         elif link is self.waiting_on:
             self._let_go(link)
+        if self.session.holds != (self.hold_timer is not None):   # a hold begun, or ended
+            self.deadlines()
         if self.held is not None:
             self.held_up()
 
@@ -374,6 +418,8 @@ class ProxyClient(ClientStream):
     def close(self):
         if not self.gone:
             self.gone = True
+            self.request_timer = cancelled(self.request_timer)
+            self.hold_timer = cancelled(self.hold_timer)
             self.queue.clear()
             self.parked = 0
             self.transport.close()
@@ -381,4 +427,10 @@ class ProxyClient(ClientStream):
             for link in (self.pinned, self.waiting_on, self.link):
                 if link is not None:
                     link.close()
-            self._caught_up()   # a long reply to it: its connection reads on
+
+
+def cancelled(timer):
+    """None, once the timer (if any) will not fire."""
+    if timer is not None:
+        timer.cancel()
+    return None

@@ -16,7 +16,7 @@ import contextlib
 import socket
 import time
 
-from ground.frames import Frames, Passed, Piece
+from ground.frames import Frames, Piece
 from ground.server import CHUNK, ready, shutdown
 import part3.streams as streams
 from part3.lending import Lending
@@ -69,12 +69,10 @@ class SessionProxy(FramedProxy):
         connection and sends nothing for hold_timeout loses it (Lending.expire())."""
         frames = Frames(lambda: self.framing.request_parser(passing=True))
         begun = None      # when the request now arriving began
-        passing = False   # a long request's pieces are coming: it is not over
         while True:
             while (request := frames.take()) is not None:
-                passing = isinstance(request, Piece) or passing and not isinstance(request, Passed)
                 yield request
-            if frames.unread or passing:
+            if frames.midway():
                 begun = begun or time.monotonic()
                 timeout = begun + self.request_timeout - time.monotonic()
             else:
