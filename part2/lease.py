@@ -53,8 +53,10 @@ class ManagedLending:
         self.learning = False
         self.failure = None    # (when, why) the last learning failed
         self.waiters = []      # what to call once the facts are in (or failed)
-        self.own = 0           # connections of a client's own open now
-        self.waiting = 0       # requests waiting for one (none: past the cap, one is refused)
+        self.own = 0           # connections of a client's own open now (lent, or idle)
+        self.own_idle = []     # OwnLinks left clean by their last client, to lend again
+        self.queue = collections.deque()   # (client, request, timer): waiting for one
+        self.waiting = 0       # how many wait (the stats show it)
         self.dedicated = 0     # such connections ever opened (the tests read it)
         self.refusals = collections.Counter()   # command -> requests its sessions refused
 
@@ -102,6 +104,70 @@ class ManagedLending:
 
     def closed(self):
         self.own -= 1
+        self.serve_waiting()
+
+    def link_for(self, stream):
+        """An OwnLink for the client: one left clean by another, or a new one within
+        dedicated_cap; None at the cap (then the client waits: wait())."""
+        while self.own_idle:
+            link = self.own_idle.pop()
+            if link.usable():
+                link.bind(stream)
+                return link
+            link.close()
+        if self.own >= self.framing.dedicated_cap:
+            return None
+        return OwnLink(self.proxy, stream)
+
+    def wait(self, stream, request):
+        """The client waits for a connection of its own, checkout_timeout at most, and is
+        then refused, naming the cap; its request goes once one is free (serve_waiting())."""
+        loop, patience = self.proxy.loop, self.proxy.checkout_timeout
+        entry = [stream, request, None]
+        entry[2] = loop.at(loop.clock.now() + patience, lambda: self.waited_too_long(entry))
+        self.queue.append(entry)
+        self.waiting = len(self.queue)
+
+    def waited_too_long(self, entry):
+        if entry in self.queue:
+            self.queue.remove(entry)
+            self.waiting = len(self.queue)
+            cap, patience = self.framing.dedicated_cap, self.proxy.checkout_timeout
+            entry[0].refused(ManagedError(
+                f"no connection of its own free within {patience:g} s: the pool's {cap} "
+                f"dedicated connections are all in use"))
+
+    def room_for_a_stream(self):
+        """Room under the cap for a stream's connection (never lent again): an idle one is
+        closed to make it, if need be."""
+        if self.own >= self.framing.dedicated_cap and self.own_idle:
+            self.own_idle.pop().close()
+        return self.own < self.framing.dedicated_cap
+
+    def give_back(self, link):
+        """A link its client is done with, clean: lent to the next that waits, or kept."""
+        if link.usable():
+            self.own_idle.append(link)
+            self.serve_waiting()
+        else:
+            link.close()
+
+    def close_all(self):
+        """The proxy is closing: what is kept is closed, and nobody waits any more."""
+        queue, self.queue = self.queue, collections.deque()
+        for _, _, timer in queue:
+            timer.cancel()
+        while self.own_idle:
+            self.own_idle.pop().close()
+
+    def serve_waiting(self):
+        """Whoever waits for a connection of its own, in turn, while there is one to lend."""
+        while self.queue and (self.own_idle or self.own < self.framing.dedicated_cap):
+            stream, request, timer = self.queue.popleft()
+            self.waiting = len(self.queue)
+            timer.cancel()
+            if not stream.gone:
+                stream.lend(request)
 
 
 class FactsSink:
@@ -173,7 +239,19 @@ class OwnLink:
                                     msg_timeout_is_fatal=True)
         self.closed = False
         self.silent = False   # closed by its client, which says why itself: no error to tell
+        self.spoiled = False  # what it was lent for ended by the pool's own answer: never again
         self.last = None   # the last request sent (a long one's pieces follow it)
+
+    def bind(self, stream):
+        """Lent again, to another client: its session's fit from now on."""
+        self.stream, self.silent, self.spoiled, self.last = stream, False, False, None
+        self.client.framing.session = stream.session
+
+    def usable(self):
+        """Open, up, and owing nothing: what its last client did with it is over."""
+        connection = self.client.connection
+        return not self.closed and connection is not None and connection.state == "up" and \
+            not connection.pending()
 
     def send(self, data, state, wait=None):
         """One request on it: within msg_timeout, or a wait's own timeout and msg_timeout

@@ -23,7 +23,7 @@ import socket
 from part2.calls import ManagedError
 from part2.clock import check_seconds
 from part2.connection import QUEUED_MAX
-from part2.lease import ManagedLending, OwnLink, StreamLink
+from part2.lease import ManagedLending, StreamLink
 from part2.handoff import start_thread
 from part2.hooks import Counted
 from part2.loop import READ, Loop, Transport
@@ -64,15 +64,17 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
 
     def __init__(self, services, idempotent=False, framing=LINES, msg_timeout=5.0,
                  msg_timeout_is_fatal=True, request_timeout=10.0, hold_timeout=30.0,
-                 **set_options):
+                 checkout_timeout=5.0, **set_options):
         check_services(services)   # before anything is made: a bad address leaves nothing behind
         for name, seconds in (("msg_timeout", msg_timeout), ("request_timeout", request_timeout),
-                              ("hold_timeout", hold_timeout)):
+                              ("hold_timeout", hold_timeout),
+                              ("checkout_timeout", checkout_timeout)):
             check_seconds(name, seconds)
         super().__init__(Loop(set_options.get("clock")))
         self.framing = framing
         self.msg_timeout = msg_timeout
         self.request_timeout, self.hold_timeout = request_timeout, hold_timeout
+        self.checkout_timeout = checkout_timeout   # a wait for a connection of one's own
         self.clients = set()
         self.turned_away = 0   # clients told there was no room and closed (max_clients)
         self.spare = Spare()   # a descriptor to give up, to turn one away when there are none
@@ -144,6 +146,7 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
         self.loop.unwatch(self._listener)
         self._listener.close()
         self.spare.close()
+        self.lending.close_all()
         self.managed_set.shut_down()   # first: a client owed a reply gets an error instead
         for client in list(self.clients):
             client.transport.flush()   # one last send, the errors included: whatever fits, goes
@@ -314,10 +317,16 @@ class ProxyClient(ClientStream):
         return link.send(data, state)
 
     def lend(self, data):
-        session = self.session
+        """data on a connection of the client's own, as its session says: the one it holds,
+        a stream's, or one the lender has free; with none free, it waits its turn (a long
+        request is refused at once: its pieces are coming)."""
+        session, lending = self.session, self.proxy.lending
         try:
             if session.streams:
                 if self.link is None:
+                    if not lending.room_for_a_stream():
+                        lending.wait(self, data)
+                        return True
                     self.link = StreamLink(self.proxy, self)
                 # a barrier after each request, so what the pool answers next comes after its
                 # reply; but not in MONITOR's stream, which would show the barrier's PING
@@ -326,20 +335,33 @@ class ProxyClient(ClientStream):
                 if not barrier:   # admission goes on
                     self.held_up()
                 return True
+            link = self.pinned if session.lease == HELD else None
+            if link is None and (link := lending.link_for(self)) is None:
+                if isinstance(data, Head):
+                    raise ManagedError(f"no connection of its own free for a long request: the "
+                                       f"pool's {self.framing.dedicated_cap} dedicated "
+                                       f"connections are all in use")
+                lending.wait(self, data)
+                return True
             if session.lease == HELD:
-                link = self.pinned = self.pinned or OwnLink(self.proxy, self)
-            else:   # a wait, or a long request: on one of its own, closed after its reply
-                link = self.waiting_on = OwnLink(self.proxy, self)
+                self.pinned = link
+            else:   # a wait, or a long request: given back once its reply is in
+                self.waiting_on = link
             if isinstance(data, Head):
                 self.carrying = link
             self.queue.append(link.send(data, session.state, session.wait))
             return True
         except ManagedError as error:   # no connection of its own to be had: nothing is sent
-            if session.streams:
-                session.lost()
-            self.answer(self.framing.error(f"tcp-proxy: {error}"))
-            self.held_up()
+            self.refused(error)
             return False
+
+    def refused(self, error):
+        """No connection of its own to be had (at once, or within checkout_timeout): told so
+        in its order, and admission goes on."""
+        if self.session.streams:
+            self.session.lost()
+        self.answer(self.framing.error(f"tcp-proxy: {error}"))
+        self.held_up()
 
     def send_pieces(self):
         """The pieces of the long request lent, read so far: on to its connection; a refused
@@ -373,9 +395,9 @@ class ProxyClient(ClientStream):
 
     def own_replied(self, link):
         if link is self.pinned and not self.session.holds and not link.owed():
-            self._let_go(link)   # the transaction is over
+            self._let_go(link, clean=not link.spoiled)   # the transaction is over
         elif link is self.waiting_on:
-            self._let_go(link)
+            self._let_go(link, clean=True)
         if self.session.holds != (self.hold_timer is not None):   # a hold begun, or ended
             self.deadlines()
         if self.held is not None:
@@ -385,8 +407,13 @@ class ProxyClient(ClientStream):
         self._let_go(link)
         self.held_up()
 
-    def _let_go(self, link):
-        link.close()
+    def _let_go(self, link, clean=False):
+        """Done with a connection of its own: given back to the lender if what it was for is
+        over and it owes nothing, else closed (a transaction cut short, a client gone)."""
+        if clean:
+            self.proxy.lending.give_back(link)
+        else:
+            link.close()
         if link is self.pinned:
             self.pinned = None
         if link is self.waiting_on:
@@ -396,8 +423,10 @@ class ProxyClient(ClientStream):
         if self.link is not None and not self.session.streams:   # RESET, QUIT: the stream ends
             self._end_stream()
         pinned = self.pinned   # an EXECABORT, RESET, QUIT the pool answered: its transaction's
-        if pinned is not None and not self.session.holds and not pinned.owed():   # connection
-            self._let_go(pinned)   # is never lent (once its replies are in: own_replied())
+        if pinned is not None and not self.session.holds:   # connection is never lent again
+            pinned.spoiled = True   # (closed once its replies are in: own_replied())
+            if not pinned.owed():
+                self._let_go(pinned)
 
     def stream_settled(self, link):
         if not self.session.streams:   # the last unsubscribe: the stream is over

@@ -98,9 +98,10 @@ def test_an_inline_command_past_redis_servers_limit_is_refused_at_once(redis, cl
         assert clients(proxy.addr).ask("PING") == [b"+PONG\r\n"]
 
 
+@pytest.mark.parametrize("pool_kind", POOL_KINDS)
 def test_a_wait_for_a_connection_of_its_own_is_served_once_one_frees_within_the_deadline(
-        redis, control, clients):
-    with SessionProxy(redis.addr, framing=Resp(dedicated_cap=1), checkout_timeout=5.0) as proxy:
+        redis, control, clients, pool_kind):
+    with pool(redis, pool_kind, framing=Resp(dedicated_cap=1), checkout_timeout=5.0) as proxy:
         first, second = clients(proxy.addr, 2)
         first.send("BLPOP q 0")
         wait_for(lambda: any(" cmd=blpop " in c for c in server_clients(control)), "the wait")
@@ -125,15 +126,17 @@ def test_a_request_that_comes_whole_in_a_trickle_within_its_deadline_is_served(
         assert client.read() == b"+OK\r\n"
 
 
+@pytest.mark.parametrize("pool_kind", POOL_KINDS)
 def test_a_connection_of_a_clients_own_used_for_a_wait_carries_a_subscription_next(
-        redis, control, clients):
+        redis, control, clients, pool_kind):
     """A connection kept for the next client's own use is synced from the state it carries,
     not as if just opened: as the pool's own ACL user it may not be made again (rq and celery
     wait, then subscribe)."""
     framing, _ = acl.confine(redis.addr)
-    with SessionProxy(redis.addr, framing=framing) as proxy:
+    with pool(redis, pool_kind, framing=framing) as proxy:
         waiter, subscriber = clients(proxy.addr, 2)
         assert waiter.ask("BLPOP q 0.01") == [b"*-1\r\n"]
         assert subscriber.ask("SUBSCRIBE news") == [
             b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n"]
-        assert proxy.lending.dedicated == 1   # the wait's, used again
+        if pool_kind == "SessionProxy":   # the wait's, used again (a managed stream has one
+            assert proxy.lending.dedicated == 1   # of its own, never lent after)

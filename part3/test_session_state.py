@@ -73,7 +73,7 @@ def test_two_clients_in_different_databases_overlapping_transactions_and_a_subsc
     assert control.command("GET k") == b"$-1\r\n"
 
 
-def test_a_managed_transaction_goes_on_a_connection_of_its_own_closed_at_exec(
+def test_a_managed_transaction_goes_on_a_connection_of_its_own_given_back_clean_at_exec(
         redis, control, clients):
     with ManagedProxy([(redis.addr, 1)], framing=RESP) as proxy:
         inside, outside = clients(proxy.addr, 2)
@@ -81,8 +81,10 @@ def test_a_managed_transaction_goes_on_a_connection_of_its_own_closed_at_exec(
             [b"+OK\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n"]
         assert outside.ask("INCR n") == [b":1\r\n"]   # not queued: it runs now, on the shared one
         assert inside.ask("EXEC") == [b"*2\r\n:2\r\n:3\r\n"]
-        wait_for(lambda: len(server_clients(control)) == 1, "the transaction's own one closed")
-        assert proxy.lending.dedicated == 1
+        assert outside.ask("MULTI", "INCR n", "EXEC") == [b"+OK\r\n", b"+QUEUED\r\n",
+                                                          b"*1\r\n:4\r\n"]
+        assert proxy.lending.dedicated == 1   # the first transaction's, lent to the second
+        assert len(server_clients(control)) == 2
 
 
 def test_a_managed_client_that_leaves_mid_transaction_has_its_own_connection_closed(
