@@ -7,7 +7,7 @@ import time
 import pytest
 
 from part2.managed import ManagedProxy
-from part3 import acl
+from part3 import acl, redis_server
 from part3.conftest import POOL_KINDS, array, server_clients, wait_for
 from part3.framed import SessionProxy
 from part3.parser import MAX_INLINE
@@ -140,3 +140,23 @@ def test_a_connection_of_a_clients_own_used_for_a_wait_carries_a_subscription_ne
             b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n"]
         if pool_kind == "SessionProxy":   # the wait's, used again (a managed stream has one
             assert proxy.lending.dedicated == 1   # of its own, never lent after)
+
+
+@pytest.mark.parametrize("pool_kind", POOL_KINDS)
+def test_a_subscriber_that_falls_behind_then_reads_gets_every_message_and_what_follows(
+        redis, control, clients, pool_kind):
+    """Past its window the pool reads the stream no more (redis-server keeps the rest); once
+    the subscriber has read, it reads on, with no request needed to wake it."""
+    message = b"m" * 10_000
+    with pool(redis, pool_kind) as proxy:
+        subscriber = clients(proxy.addr)
+        assert subscriber.ask("SUBSCRIBE news")[0].startswith(b"*3\r\n$9\r\nsubscribe")
+        for _ in range(1500):   # 15 MB, past the window, while the subscriber reads nothing
+            control.sock.sendall(array("PUBLISH", "news", message))
+        for _ in range(1500):
+            assert redis_server.read_resp(control) == b":1\r\n"
+        published = b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$10000\r\n" + message + b"\r\n"
+        for _ in range(1500):
+            assert subscriber.read() == published
+        assert control.command("PUBLISH news after") == b":1\r\n"
+        assert subscriber.read() == b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$5\r\nafter\r\n"
