@@ -355,7 +355,9 @@ class Connection(Deadlines):
         elif not self.pipeline.answered:
             before = f"{problem} before any reply"
             self.end(before, CommunicationError(before))
-        else:   # Ocamlnet forgets a timed-out call: its reply, never come, is no error
+        elif self.pipeline.owed:   # Ocamlnet forgets a timed-out call: its reply is no error
+            self.end(f"{problem}, owing only replies no caller waits for")
+        else:
             self.end("upstream closed the idle connection")
 
     # -- the end --

@@ -349,7 +349,9 @@ class ProxyClient(ClientStream):
                 self.waiting_on = link
             if isinstance(data, Head):
                 self.carrying = link
-            self.queue.append(link.send(data, session.state, session.wait))
+            # a long request's reply is due once it has come whole (within request_timeout)
+            wait = self.proxy.request_timeout if isinstance(data, Head) else session.wait
+            self.queue.append(link.send(data, session.state, wait))
             return True
         except ManagedError as error:   # no connection of its own to be had: nothing is sent
             self.refused(error)

@@ -102,10 +102,14 @@ class LoggedSessionProxy(SessionProxy):
             SERVE_LOG.warning("upstream connection from port %s closed: %s", port, error)
 
 
+QUIET_ENDS = ("shut down", "idle:", "idle for")   # a down the pool chose: not worth a line
+
+
 def log_transitions(source, event):
-    """ManagedProxy's on_event: a line for each upstream connection that goes down on an error."""
-    if event[0] == "transition" and event[2] == "down" and getattr(source, "errors", 0):
-        SERVE_LOG.warning("upstream connection down: %s", event[3])
+    """ManagedProxy's on_event: a line for each upstream connection that goes down but by the
+    pool's own choice, once, naming its upstream and why."""
+    if event[0] == "transition" and event[2] == "down" and not event[3].startswith(QUIET_ENDS):
+        SERVE_LOG.warning("upstream connection to %s down: %s", shown(source.addr), event[3])
 
 
 def open_files():
