@@ -7,6 +7,8 @@ each whole request and reply, with its framing's parser, as every reader in the 
                           go of them: its first piece, the rest, and its end
     LineEnd               where one line ends, as a parser Frames can use; MAX_LINE its bound,
                           LineTooLong what passing it raises
+    passing_frames()      Frames over a framing's parser, passing long messages if it can
+    rest_of()             a long message's pieces after its Head, from what Frames took
 """
 import collections
 
@@ -95,6 +97,13 @@ class Frames:
     def rest(self):
         return bytes(self.unread)
 
+    def pieces_left(self):
+        """A long message's last pieces, which take_all() took from the bytes but did not
+        give (it stops once they are all read)."""
+        pieces = list(self.pieces)
+        self.pieces.clear()
+        return pieces
+
     def midway(self):
         """True while a message has begun and not ended: bytes of it are kept, or a passing
         parser has let some go (a long one's pieces) and its end has not come."""
@@ -137,3 +146,11 @@ def rest_of(messages):
         yield piece
         if isinstance(piece, Passed):
             return
+
+
+def passing_frames(framing, new_parser):
+    """Frames over a framing's parser that pass a long message on in pieces, if the framing
+    can (RESP's: passes_long), else keep each message whole."""
+    if getattr(framing, "passes_long", False):
+        return Frames(lambda: new_parser(passing=True))
+    return Frames(new_parser)

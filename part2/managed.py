@@ -13,8 +13,10 @@ The modules, from the lowest layer up:
     part2/connection.py   one upstream connection's life: down -> connecting -> up
     part2/client.py       ManagedClient: one connection at a time, remade on demand
     part2/managed_set.py  ManagedSet: clients over services, the pick, the retries
-    part2/proxy.py        ManagedProxy: every client connection on the loop
-    part2/lease.py        what the proxy lends a client whose session keeps state
+    part2/proxy.py        ManagedProxy: a listener, and every client connection on the loop
+    part2/downstream.py   ProxyClient: one client connection, its bounds and its deadlines
+    part2/lease.py        what the proxy lends a client whose session keeps state: the
+                          connections of a client's own (part2/links.py), a bounded resource
 
 The order a request takes, with the files it passes through: the client's Transport
 reads (loop.py) -> ClientStream.received(): framed, admitted, a Request (pipeline.py) ->

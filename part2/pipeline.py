@@ -18,7 +18,7 @@ the protocol, order is the only thing that matches them.
 """
 import collections
 
-from ground.frames import Frames, Head, Passed
+from ground.frames import Head, Passed, passing_frames
 from ground.session import POOLED, NotYet
 
 OWED_MAX = 1024   # a client's requests not yet answered before it is read no more
@@ -134,7 +134,7 @@ class Pipeline:
         frames.feed(data)
         taken, error = frames.take_all()
         if frames.pieces:   # a long reply's last pieces, taken from the bytes but not given
-            taken += pieces_left(frames)
+            taken += frames.pieces_left()
         self.answered = self.answered or bool(taken)   # from now on an EOF may be quiet
         settle = settled.append
         for reply in taken:
@@ -193,20 +193,6 @@ class Pipeline:
         return owed
 
 
-def passing_frames(framing, new_parser):
-    """Frames that pass a long message on in pieces, if the framing can (RESP's)."""
-    if getattr(framing, "passes_long", False):
-        return Frames(lambda: new_parser(passing=True))
-    return Frames(new_parser)
-
-
-def pieces_left(frames):
-    """A long message's last pieces, which Frames.take_all() took but did not give."""
-    pieces = list(frames.pieces)
-    frames.pieces.clear()
-    return pieces
-
-
 class ClientStream:
     """One proxy client, without its socket: its bytes in, requests out, and replies out
     in its own order, whichever connection brought them.
@@ -258,7 +244,7 @@ class ClientStream:
             frames.feed(data)
             taken, error = frames.take_all()
             if frames.pieces:   # a long request's last pieces, taken but not given
-                taken += pieces_left(frames)
+                taken += frames.pieces_left()
             if self.held is not None:   # admission waits: these wait behind the rest
                 self.held += taken
                 self.held_error = self.held_error or error

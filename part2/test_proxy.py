@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import ROOT, closed_port_addr
-from part2 import proxy as proxies
+from part2 import downstream, proxy as proxies
 from part2.loop import INBOX_SIZE
 from part2 import pipeline as pipelines
 from part2.pipeline import OWED_MAX
@@ -168,7 +168,7 @@ def test_a_client_that_never_reads_is_not_read_once_its_replies_pile_up_and_the_
         reading, owed, out = proxy.loop.ask(state_of_the_client_at, proxy, flooder.getsockname())
         past = INBOX_SIZE // len(request) + 1   # requests a read may bring past the bound
         assert not reading and owed <= OWED_MAX + past
-        assert out <= proxies.BACKLOG_HIGH + (OWED_MAX + past) * len(reply)
+        assert out <= downstream.BACKLOG_HIGH + (OWED_MAX + past) * len(reply)
 
 
 def state_of_the_client_at(proxy, address):
@@ -192,7 +192,7 @@ def test_close_answers_what_is_owed_with_an_error_and_closes_every_socket():
 def test_a_client_connection_that_cannot_be_set_up_is_closed_and_the_next_is_served(monkeypatch):
     made = []
 
-    class FailsOnce(proxies.ProxyClient):
+    class FailsOnce(downstream.ProxyClient):
         def __init__(self, proxy, sock):
             if not made:
                 made.append("failed")

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.xdist_group("test_house")
 LESSON = {"ground", "ground.frames", "ground.server", "ground.session", "ground.workers",
           "tcp_proxy", "part2.managed", "part2.clock", "part2.hooks", "part2.cache", "part2.calls",
           "part2.handoff", "part2.loop", "part2.pipeline", "part2.connection", "part2.client",
-          "part2.managed_set", "part2.proxy", "part2.lease",
+          "part2.managed_set", "part2.proxy", "part2.downstream", "part2.lease", "part2.links",
           "part3.parser", "part3.words", "part3.resp", "part3.answers", "part3.session",
           "part3.commands", "part3.tagged", "part3.lending", "part3.framed", "part3.streams"}
 FLOORS = {"ground": 0, "tcp_proxy": 1, "conftest": 1, "scaffolding": 1, "part2": 2, "part3": 3}
@@ -162,3 +162,39 @@ def test_the_top_level_holds_only_the_cards_files_configuration_and_folders():
                              text=True).stdout.split()
     top_files = {path for path in tracked if "/" not in path}
     assert top_files - TOP_LEVEL == set()
+
+
+def lesson_definitions():
+    """Every class and every module-level constant (a name in capitals) of the lesson's
+    modules (the ground floor, tcp_proxy.py, part2/, part3/; tests and the wild's room
+    aside), as (name, module) pairs."""
+    found = []
+    for name, path in modules().items():
+        if not name.startswith(("ground", "tcp_proxy", "part2", "part3")) or \
+                is_test_module(name) or ".wild" in name or name.endswith("conftest"):
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef):
+                found.append((node.name, name))
+            for target in node.targets if isinstance(node, ast.Assign) else ():
+                for each in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if isinstance(each, ast.Name) and each.id.isupper():
+                        found.append((each.id, name))
+    return found
+
+
+def test_a_name_means_one_thing_no_class_or_constant_is_defined_in_two_lesson_modules():
+    where = {}
+    for name, module in lesson_definitions():
+        where.setdefault(name, []).append(module)
+    assert {name: places for name, places in where.items() if len(places) > 1} == {}
+
+
+def test_part_three_stands_on_part_twos_face_alone():
+    """part3/ reaches Part two only through part2/managed.py, its public names (and its
+    scenarios' helpers, part2/managed_demo.py, which a test may borrow)."""
+    face = ("part2", "part2.managed", "part2.managed_demo")
+    reaching = {(importer, imported) for importer, targets in graph().items()
+                for imported in targets if importer.startswith("part3")
+                and imported.startswith("part2") and imported not in face}
+    assert reaching == set()
