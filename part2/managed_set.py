@@ -234,11 +234,17 @@ class ManagedSet(Counted):
             return
         batches = {}   # client -> its requests, in the order read
         for request in requests:
-            try:
-                client, request.service = self._pick(())
-            except ManagedError as error:   # refused, or shut down: it fails as its attempt
-                self.attempt_failed(request, error)
-                continue
+            stream = request.client
+            if request.shared and stream.upstream is not None:   # behind its others in flight
+                client, request.service = stream.upstream
+            else:
+                try:
+                    client, request.service = self._pick(())
+                except ManagedError as error:   # refused, or shut down: fails as its attempt
+                    self.attempt_failed(request, error)
+                    continue
+                if request.shared:
+                    stream.upstream = client, request.service
             batches.setdefault(client, []).append(request)
             client.picked += 1   # the next pick counts it
         for client, batch in batches.items():
@@ -252,11 +258,17 @@ class ManagedSet(Counted):
         request.attempts += 1
         request.service = None   # stays None if the pick finds no client
         self.attempts += 1
-        try:
-            client, request.service = self._pick(request.tried)
-        except ManagedError as error:   # refused, or shut down
-            self.attempt_failed(request, error)
-            return
+        upstream = request.client.upstream if request.shared else None
+        if upstream is not None and upstream[1] not in request.tried:   # behind its others
+            client, request.service = upstream
+        else:
+            try:
+                client, request.service = self._pick(request.tried)
+            except ManagedError as error:   # refused, or shut down
+                self.attempt_failed(request, error)
+                return
+            if request.shared:   # a retry leads its client's next requests where it goes
+                request.client.upstream = client, request.service
         request.deadline = client.deadline()
         client.place([request])
 

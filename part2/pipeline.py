@@ -199,7 +199,8 @@ class ClientStream:
 
     received(data) frames what the client sent and admits each request by its session:
     one sent on becomes a Request, queued in the client's order and handed with the read's
-    others to gather(); the pool's own answer takes its place in that order. replied()
+    others to gather() (which places it behind the client's others in flight, on their
+    connection: `upstream`); the pool's own answer takes its place in that order. replied()
     (failed(), passing()) writes a reply through `transport` once every reply before it
     is written; until then it is kept on its request, and counts in backlog(). A request
     the framing cannot read ends the stream, its error after the replies before it.
@@ -228,6 +229,9 @@ class ClientStream:
         self.held_error = None     # the framing's error after it
         self.lent = None           # the request admission stopped at, to go on one of its own
         self.shared = 0            # its requests in flight on shared connections
+        # (managed client, service) they went to: the next goes there too, behind them, for
+        # requests on two connections may run in either order (a GET before the SET it follows)
+        self.upstream = None
         self.sharing = False       # admission stopped at FAIR_SHARE of them: on as they come
 
     # -- requests in --
@@ -319,6 +323,8 @@ class ClientStream:
         self.counts.answered += 1
         if request.shared:
             self.shared -= 1
+            if not self.shared:   # nothing of it in flight: its next may go anywhere
+                self.upstream = None
             if self.sharing and self.shared <= FAIR_SHARE // 2:   # its turn again
                 self.sharing = False
                 self.admit_held()

@@ -8,9 +8,10 @@ The order a request takes: the client's transport reads -> ClientStream.received
 framed (ground.frames.Frames), admitted (framing.session().admit(): None sends it on, bytes
 are the pool's own answer), a Request each, queued in the client's order -> the set's
 gather(): once the turn's reads are over, one pick and one write per connection for
-every client's requests -> the connection's transport sends -> the replies, read,
-fit-checked and paired with their requests (pipeline.py) -> each client's replied(),
-in its own order -> one send per client, in the turn's send phase.
+every client's requests (a client's requests in flight all on one connection: two
+connections may run what they carry in either order) -> the connection's transport
+sends -> the replies, read, fit-checked and paired with their requests (pipeline.py) ->
+each client's replied(), in its own order -> one send per client, in the turn's send phase.
 
 With a framing whose sessions keep state (RESP), each request carries its client's state
 and the connection's pipeline syncs to it first (HELLO, SELECT); a transaction, a wait,

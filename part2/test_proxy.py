@@ -430,3 +430,34 @@ def test_a_clients_long_pipeline_puts_a_newcomers_request_behind_a_fair_share_of
             assert [next(hogs) for _ in range(5 * share)] == [
                 answer(b"GET hog%d" % number).rstrip(b"\n") for number in range(5 * share)]
         assert list(upstream.parsed)[share] == "GET newcomer"
+
+
+# --- a client's own order ------------------------------------------------------------------------
+
+def test_a_clients_pipelined_requests_go_on_one_connection_so_none_runs_before_one_it_follows():
+    """Two connections may run what they carry in either order: a client's requests in flight
+    all go on one, so its GET can never run before the SET it follows."""
+    with FaultyUpstream(hold={1}) as upstream, \
+            ManagedProxy([(upstream.addr, 2)]) as proxy:
+        with socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as client:
+            client.sendall(b"GET a\nGET b\nGET c\n")   # one write: one read of the pool's
+            upstream.wait_requests(1)
+            upstream.release()
+            replies = read_lines(client)
+            assert [next(replies) for _ in "abc"] == [
+                b"a=AAAAAAAAAAAA", b"b=BBBBBBBBBBBB", b"c=CCCCCCCCCCCC"]
+        assert list(upstream.parsed) == ["GET a", "GET b", "GET c"]
+        assert upstream.connections == 1
+        assert [ask(proxy.addr, [f"GET {key}"]) for key in "de"] == [
+            ["d=DDDDDDDDDDDD"], ["e=EEEEEEEEEEEE"]]   # nothing in flight: any connection
+
+
+def test_a_clients_requests_retried_elsewhere_go_on_one_connection_there_in_its_order():
+    with FaultyUpstream() as live, \
+            ManagedProxy([(closed_port_addr(), 2), (live.addr, 2)]) as proxy:
+        with socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as client:
+            client.sendall(b"GET a\nGET b\nGET c\n")   # all placed on the dead one, then retried
+            replies = read_lines(client)
+            assert [next(replies) for _ in "abc"] == [
+                b"a=AAAAAAAAAAAA", b"b=BBBBBBBBBBBB", b"c=CCCCCCCCCCCC"]
+        assert (list(live.parsed), live.connections) == (["GET a", "GET b", "GET c"], 1)

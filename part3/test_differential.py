@@ -18,7 +18,9 @@ import socket
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
+from part2.managed import ManagedProxy
 from part3.conftest import POOL_KINDS, Client, array, make_pool
+from part3.resp import RESP
 
 EXAMPLES = int(os.environ.get("SOAK", "80"))
 DATABASES = range(4)
@@ -131,7 +133,9 @@ def run(addr, control, commands, cuts):
 def pools(redis):
     """A pool of each kind, a new client of it each example. The module's one test is their
     whole life: closed at its end, before the leak guard looks."""
-    with make_pool("FramedProxy", redis) as framed, make_pool("ManagedProxy", redis) as managed:
+    # two connections to the managed set: a client's pipeline could be split over them
+    with make_pool("FramedProxy", redis) as framed, \
+            ManagedProxy([(redis.addr, 2)], framing=RESP) as managed:
         made = dict(zip(POOL_KINDS, (framed, managed)))
         for pool in made.values():   # as a pool in use is: it has asked the server's facts
             assert replies(pool.addr, [("SELECT", "1"), ("SELECT", "0")], "lockstep") == \
@@ -148,6 +152,9 @@ def pools(redis):
 @example(commands=[("SELECT", "3"), ("SET", "probe", "1"), ("SELECT", "0"), ("GET", "probe"),
                    ("SELECT", "3"), ("GET", "probe")], cuts="whole")
 @example(commands=[("GET", "k"), ("HELLO", "3")], cuts="whole")
+# A write and reads of it, pipelined: on two connections a read could run before its write.
+@example(commands=[("SET", "k", "1"), ("GET", "k"), ("APPEND", "k", "abc"), ("GET", "k"),
+                   ("INCR", "n"), ("GET", "n")], cuts="whole")
 def test_any_sequence_cut_anyhow_gets_from_each_pool_what_redis_server_gives_directly(
         redis, control, pools, commands, cuts):
     direct = run(redis.addr, control, commands, cuts)
