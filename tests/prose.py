@@ -108,3 +108,35 @@ def runs(lines):
 def transcripts():
     return {path.name: path.read_text(encoding="utf-8").splitlines()
             for path in TRANSCRIPTS if path.exists()}
+
+
+# --- the running prose -------------------------------------------------------------
+
+def running_prose(source=None):
+    """The paragraphs a reader reads as sentences: no fenced block, heading, table row,
+    picture or HTML tag; inline code counts as one word."""
+    kept = []
+    for paragraph in re.split(r"\n\s*\n", without_fences(source or text())):
+        lines = [line for line in paragraph.splitlines()
+                 if line.strip() and not re.match(r"\s*(#|\||!\[)", line)]
+        if not lines:
+            continue
+        words = re.sub(r"<[^>]+>", " ", " ".join(lines))
+        words = re.sub(r"`[^`]*`", "CODE", words)
+        words = re.sub(r"\]\([^)]*\)", "]", words)   # a link's target is not read
+        kept.append(" ".join(words.split()))
+    return kept
+
+
+def style(source=None):
+    """(words per sentence, colons per 100 words, semicolons per 100 words) of the running
+    prose. A sentence ends at ., ! or ? before a space and a capital, a digit, a bracket or
+    a quote, and at a paragraph's end; colons inside a code span were dropped with it."""
+    words = sentences = colons = semicolons = 0
+    for paragraph in running_prose(source):
+        words += len(paragraph.split())
+        sentences += 1 + len(re.findall(r"[.!?][)\"']?\s+(?=[A-Z0-9(\"'*_C])", paragraph))
+        colons += paragraph.count(":")
+        semicolons += paragraph.count(";")
+    return (round(words / sentences, 1), round(100 * colons / words, 2),
+            round(100 * semicolons / words, 2))
