@@ -31,6 +31,24 @@ lookup() finds a subcommand only under its container, as redis-server's command 
 does, and kind_of() reads the arguments that change a command's kind (XREAD's and
 XREADGROUP's BLOCK, wherever redis-server's own parse of their options finds it).
 
+The table is also the list of what a pool refuses, and why (COMMENTARY.md points here):
+
+    not in the table   a command the pool cannot frame or lend safely (see the note above
+                       TABLE): the CLUSTER family, MIGRATE, any command newer than the table
+    server             acts on the whole server (FLUSHALL, CONFIG SET, CLIENT PAUSE, SWAPDB):
+                       refused unless the user allows it by name (Resp(allow={"FLUSHDB"}),
+                       `--allow`); MONITOR likewise, then a connection of its own
+    replication        REPLCONF, PSYNC, SYNC: the connection would become a replica's link
+    credentials        CONFIG SET requirepass: the pool could open no connection after it
+    silences           CLIENT REPLY (its OFF and SKIP): no reply would end the loan
+    debugger           SCRIPT DEBUG: the connection would become a debugger's session
+    script (CONFINED)  EVAL, EVALSHA, FCALL: refused, naming the remedy, unless the server
+                       confines the pool's upstream user (part3/acl.py)
+
+The last four kinds are NEVER: no policy allows them. Besides the table, an inline command
+with quotes or a NUL byte is always refused (part3/words.py): redis-server would read words
+from it that the pool never saw.
+
 Map of the module:
 
     KINDS           each kind: its replies, what it does to the connection, its action
