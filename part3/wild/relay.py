@@ -1,5 +1,6 @@
 """part3.wild.relay: a relay that holds one reply, for pointing your own client library at
-(COMMENTARY.md's exercise in section 24). A reader of the lesson need not read it.
+(the exercise in COMMENTARY.md's "Where the parse lives in the pools you use"). A reader of
+the lesson need not read it.
 
     python3 -m part3.wild relay
 

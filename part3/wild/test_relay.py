@@ -1,4 +1,4 @@
-"""part3.wild.relay: the exercise of COMMENTARY.md's section 24, run as it is printed there,
+"""part3.wild.relay: the exercise in COMMENTARY.md's "Where the parse lives in the pools",
 with redis-py from the project's venv as "your client", and what the exercise says to look
 for checked in the relay's log. Needs redis-server.
 """
