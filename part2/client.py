@@ -57,7 +57,7 @@ class ManagedClient(Counted):
 
     def __init__(self, addr, *, rcache=None, initial_ping=False, idle_timeout=-1.0,
                  msg_timeout=-1.0, msg_timeout_is_fatal=False, clock=None, on_event=None,
-                 late_replies="discard", framing=LINES, loop=None):
+                 late_replies="discard", framing=LINES, loop=None, pace=None):
         if late_replies not in ("discard", "forget"):
             raise ValueError(f"late_replies is 'discard' or 'forget', not {late_replies!r}")
         check_addr(addr)
@@ -71,6 +71,7 @@ class ManagedClient(Counted):
         self.msg_timeout, self.msg_timeout_is_fatal = msg_timeout, msg_timeout_is_fatal
         self.clock, self.on_event, self.late_replies = self.loop.clock, on_event, late_replies
         self.timeout = None if unlimited(msg_timeout) else msg_timeout   # what a deadline adds
+        self.pace = pace            # a proxy's Pace, told how long each reply takes (or None)
         self.state = "down"
         self.connection = None      # the Connection of states connecting and up
         self.picked = 0             # requests a set's batch picked it for, not yet placed

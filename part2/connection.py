@@ -194,6 +194,7 @@ class Connection(Deadlines):
         self.ping, self.ended = None, False
         self.abandoned = 0       # requests owed whose callers gave up
         self.idle_since = None
+        self.timed_from = None   # when the reply owed first began to take the server's time
 
     def pending(self):   # placed here and not yet settled, abandoned ones (owed still) too
         return len(self.pipeline.owed) + len(self.waiting)
@@ -241,6 +242,8 @@ class Connection(Deadlines):
         if at_once or self.state == "up" and not self.waiting and \
                 len(self.transport.out) < QUEUED_MAX:
             client = self.client
+            if client.pace is not None and not self.pipeline.owed:   # the first owed: timed
+                self.timed_from = client.clock.now()                 # from here
             data = self.pipeline.queue(requests)
             self.unwritten.extend(requests)
             client.sent += len(requests)
@@ -291,12 +294,13 @@ class Connection(Deadlines):
         """The upstream's bytes: each settled request's client told, in order."""
         pipeline, client = self.pipeline, self.client
         settled, misstep = pipeline.feed(data)
-        last, on_event, replies = len(settled) - 1, client.on_event, 0
+        last, on_event, replies, whole = len(settled) - 1, client.on_event, 0, 0
         for index, (request, message) in enumerate(settled):
             if type(message) is not bytes and not isinstance(message, Passed):   # a piece
                 if not request.abandoned:
                     request.client.passing(request, message)
                 continue
+            whole += 1
             if request.abandoned:
                 client.discarded += 1
                 self.abandoned -= 1
@@ -313,6 +317,10 @@ class Connection(Deadlines):
             if on_event:
                 self._tell_reply(settled, index)
         client.replies += replies
+        if whole and client.pace is not None and self.timed_from is not None:
+            now = client.clock.now()   # how long each reply took, lately
+            client.pace.timed((now - self.timed_from) / whole)
+            self.timed_from = now   # the next reply's time runs from this one's
         if settled and not client.rcache.steady:   # a reply forgets the port's errors, if any
             client.rcache.record_success(client.addr)
         if misstep is not None:

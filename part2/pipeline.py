@@ -22,11 +22,33 @@ from ground.frames import Head, Passed, passing_frames
 from ground.session import POOLED, NotYet
 
 OWED_MAX = 1024   # a client's requests not yet answered before it is read no more
-# A client's requests in flight on the shared connections at once; the rest of what it sent
-# waits its turn, so that one client's long pipeline cannot put every other client's
-# requests behind all of its own (at 50 ms a request, what waits ahead of a newcomer is
-# this many requests at most).
-FAIR_SHARE = 8
+# What one client's requests in flight on the shared connections may cost a newcomer, who
+# waits behind them: seconds of the connections' time at their pace lately. The rest of what
+# the client sent waits its turn, so one long pipeline cannot put every other client's
+# requests behind all of its own, however slow the server (twemproxy has no such bound).
+FAIR_WAIT = 0.1
+SHARE_MAX = 64    # a client's requests in flight however fast the server: its pipeline's depth
+
+
+class Pace:
+    """How long the shared connections have taken a reply lately, and so a client's fair
+    share: how many of its requests may be in flight at once. Before a reply is timed the
+    share is 1 (a slow server is not known to be fast); then as many as take FAIR_WAIT,
+    at least 1, at most SHARE_MAX. Told by each connection (timed()); read by each client."""
+    seconds = None   # a reply's time, smoothed over the last few (None: none timed yet)
+    share = 1
+
+    def timed(self, seconds):
+        """A reply took `seconds` of a connection's time (its share of a read's replies)."""
+        if self.seconds is not None:
+            seconds = 0.75 * self.seconds + 0.25 * seconds   # lately, not once
+        self.seconds = seconds
+        self.share = SHARE_MAX if seconds * SHARE_MAX <= FAIR_WAIT else \
+            max(1, int(FAIR_WAIT / seconds))
+
+
+UNPACED = Pace()   # a stream with no pool: its share is its pipeline's depth
+UNPACED.share = SHARE_MAX
 
 
 class Request:
@@ -45,7 +67,7 @@ class Request:
     abandoned = False   # timed out, connection kept: its reply is owed and thrown away
     overdue_at = None   # abandoned: when its missing reply ends the connection
     sync = False        # a request of the pool's own, bringing its connection to a state
-    shared = False      # a proxy client's, on a shared connection: one of its FAIR_SHARE
+    shared = False      # a proxy client's, on a shared connection: one of its fair share
 
     def __init__(self, client, data, state=None):
         self.client = client   # who hears its outcome
@@ -207,9 +229,9 @@ class ClientStream:
 
     Admission stops at a request its session lends a connection of the client's own
     (lease not POOLED) or whose answer needs what the pool is still learning (NotYet):
-    the rest is `held`. It stops too once FAIR_SHARE of its requests are in flight on the
-    shared connections, and goes on as their replies come (`sharing`). What a subclass (the
-    proxy's client) may override: held_up() (it lends `lent`, then admit_held()),
+    the rest is `held`. It stops too once its fair share of requests (pace.share) are in
+    flight on the shared connections, and goes on as their replies come (`sharing`). What
+    a subclass (the proxy's client) may override: held_up() (it lends `lent`, then admit_held()),
     lend_now() (a request on the transaction's own connection), answered() (the pool
     answered one), bounded() and cut().
     """
@@ -232,7 +254,8 @@ class ClientStream:
         # (managed client, service) they went to: the next goes there too, behind them, for
         # requests on two connections may run in either order (a GET before the SET it follows)
         self.upstream = None
-        self.sharing = False       # admission stopped at FAIR_SHARE of them: on as they come
+        self.sharing = False       # admission stopped at its fair share: on as replies come
+        self.pace = pool.pace if pool else UNPACED   # the shared connections' pace lately
 
     # -- requests in --
 
@@ -269,7 +292,7 @@ class ClientStream:
                 break
             if answer is None:
                 if session.lease == POOLED and not long:
-                    if self.shared >= FAIR_SHARE:   # the rest wait their turn
+                    if self.shared >= self.pace.share:   # the rest wait their turn
                         self.held, self.held_error, self.sharing = taken[index:], error, True
                         break
                     requests.append(request := Request(self, request, state))
@@ -325,7 +348,7 @@ class ClientStream:
             self.shared -= 1
             if not self.shared:   # nothing of it in flight: its next may go anywhere
                 self.upstream = None
-            if self.sharing and self.shared <= FAIR_SHARE // 2:   # its turn again
+            if self.sharing and self.shared <= self.pace.share // 2:   # its turn again
                 self.sharing = False
                 self.admit_held()
         queue = self.queue

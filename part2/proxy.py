@@ -27,6 +27,7 @@ from part2.handoff import start_thread
 from part2.hooks import Counted
 from part2.loop import READ, Loop
 from part2.managed_set import ManagedSet, check_services
+from part2.pipeline import Pace
 from ground.server import (ACCEPT_BACKOFF, LISTEN_BACKLOG, Spare, host_and_port,
                            out_of_descriptors, turn_away)
 from tcp_proxy import LINES
@@ -72,10 +73,11 @@ class ManagedProxy(Counted, contextlib.AbstractContextManager):
         self.turned_away = 0   # clients told there was no room and closed (max_clients)
         self.spare = Spare()   # a descriptor to give up, to turn one away when there are none
         self.closed = False
+        self.pace = Pace()     # the shared connections' pace: each client's fair share
         try:   # a setting the set refuses, or a listen that fails, leaves nothing open
             self.managed_set = ManagedSet(services, framing=framing, msg_timeout=msg_timeout,
                                           msg_timeout_is_fatal=msg_timeout_is_fatal,
-                                          loop=self.loop, **set_options)
+                                          loop=self.loop, pace=self.pace, **set_options)
             if idempotent:   # what the clients' requests are retried after
                 self.managed_set.gathered_retried = ManagedSet.RETRIED_BY_IDEMPOTENT_CALL
             self.lending = ManagedLending(self)

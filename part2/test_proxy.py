@@ -24,7 +24,7 @@ from scaffolding import kit
 from scaffolding.faults import FaultyUpstream
 from ground.frames import MAX_LINE
 from ground.server import Hooks, shutdown
-from tcp_proxy import answer, FramedProxy, read_lines
+from tcp_proxy import answer, FramedProxy, Upstream, read_lines
 
 HERE = str(ROOT)
 
@@ -74,6 +74,13 @@ def turn_until(proxy, done, turns=200):
     raise AssertionError(f"not done after {turns} turns")
 
 
+def known_fast(proxy):
+    """The proxy as once it has timed a reply from a fast server: each client's fair share is
+    then its whole pipeline (before, it is one request, until the server's pace is known)."""
+    proxy.pace.timed(0.0)
+    return proxy
+
+
 def batch_scenario(fault=None, **options):
     """Eight clients send two requests each, read in one turn; what went upstream (each
     "sent" event's bytes), the attempts the set heard of, and each client's replies."""
@@ -82,8 +89,8 @@ def batch_scenario(fault=None, **options):
     def heard(source, event):
         (sent if event[0] == "sent" else attempts if event[0] == "attempt" else []).append(event)
     with FaultyUpstream() as upstream, contextlib.ExitStack() as stack:
-        proxy = stack.enter_context(TurnedByHand([(upstream.addr, 1)], on_event=heard,
-                                                 rcache=ReliabilityCache(), **options))
+        proxy = known_fast(stack.enter_context(TurnedByHand(
+            [(upstream.addr, 1)], on_event=heard, rcache=ReliabilityCache(), **options)))
         clients = [stack.enter_context(socket.create_connection(proxy.addr, timeout=5))
                    for _ in range(8)]
         turn_until(proxy, lambda: len(proxy.clients) == 8)
@@ -136,6 +143,7 @@ def test_a_default_proxy_pipelines_once_its_connections_are_busy():
 def test_the_pools_own_answers_take_their_place_among_each_clients_replies():
     with FaultyUpstream(gate=2) as upstream, ManagedProxy([(upstream.addr, 1)]) as proxy, \
             socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as sock:
+        known_fast(proxy)
         sock.sendall(b"GET a\n\nGET b\n")   # a blank line, which the pool refuses itself
         lines = read_lines(sock)
         assert [next(lines) for _ in range(3)] == [
@@ -145,6 +153,7 @@ def test_the_pools_own_answers_take_their_place_among_each_clients_replies():
 
 def test_a_client_that_leaves_with_replies_owed_shifts_no_one():
     with FaultyUpstream(gate=4) as upstream, ManagedProxy([(upstream.addr, 1)]) as proxy:
+        known_fast(proxy)
         with socket.create_connection(proxy.addr) as leaving:
             leaving.sendall(b"GET x1\nGET x2\nGET x3\nGET x")   # three and half a fourth, then gone
             upstream.wait_requests(3)
@@ -413,23 +422,38 @@ def test_demo_managed_prints_the_golden_transcript_on_every_run():
 
 # --- a fair share of a shared connection ---------------------------------------------------
 
-def test_a_clients_long_pipeline_puts_a_newcomers_request_behind_a_fair_share_of_its_own():
-    """The upstream answers nothing until FAIR_SHARE + 1 requests are in: the hog's share,
-    and the newcomer's, placed before the rest of the hog's pipeline."""
-    share = pipelines.FAIR_SHARE
-    with FaultyUpstream(gate=share + 1) as upstream, \
-            ManagedProxy([(upstream.addr, 1)]) as proxy:
+def test_a_clients_pipeline_takes_at_most_fair_wait_of_a_slow_servers_time_ahead_of_a_newcomer():
+    """A server that takes 50 ms a reply, on the proxy's clock. Before a reply is timed the
+    hog has one request in flight; once one is, FAIR_WAIT's worth (two); so with the third
+    reply held, the newcomer's request goes up right behind the hog's two in flight, not
+    behind the rest of its pipeline. Released, every reply comes, each in its order."""
+    clock, released = VirtualClock(), threading.Event()
+    per_reply = 0.05
+
+    def slow(number):
+        if number >= 3:
+            released.wait(Hooks.hook_timeout)
+        clock.advance(per_reply)   # the time this reply takes the server
+
+    with Upstream(pause=slow) as upstream, \
+            ManagedProxy([(upstream.addr, 1)], clock=clock, msg_timeout=-1,
+                         rcache=ReliabilityCache(clock=clock)) as proxy:
         hog = socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout)
         newcomer = socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout)
         with hog, newcomer:
-            hog.sendall(b"".join(b"GET hog%d\n" % number for number in range(5 * share)))
-            upstream.wait_requests(share)
+            hog.sendall(b"".join(b"GET hog%d\n" % number for number in range(40)))
+            upstream.wait_requests(4)   # the first alone, the second, then two in flight
+            assert proxy.loop.ask(lambda: proxy.pace.share) == int(
+                pipelines.FAIR_WAIT / per_reply) == 2
             newcomer.sendall(b"GET newcomer\n")
+            upstream.wait_requests(5)
+            released.set()
             assert next(read_lines(newcomer)) == b"newcomer=NNNNNNNNNNNN"
             hogs = read_lines(hog)
-            assert [next(hogs) for _ in range(5 * share)] == [
-                answer(b"GET hog%d" % number).rstrip(b"\n") for number in range(5 * share)]
-        assert list(upstream.parsed)[share] == "GET newcomer"
+            assert [next(hogs) for _ in range(40)] == [
+                answer(b"GET hog%d" % number).rstrip(b"\n") for number in range(40)]
+        assert list(upstream.parsed)[:5] == [
+            "GET hog0", "GET hog1", "GET hog2", "GET hog3", "GET newcomer"]
 
 
 # --- a client's own order ------------------------------------------------------------------------
