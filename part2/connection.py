@@ -387,8 +387,8 @@ class Connection(Deadlines):
         if self.transport is not None:
             self.transport.close()
         error = failure or lost or MessageLost(reason)
-        for request in self.pipeline.lose():
-            if not request.abandoned:   # an abandoned one's caller has its error already
+        for request in self.pipeline.lose():   # an abandoned one's caller has its error
+            if not request.abandoned and not request.sync:   # already; a sync has none
                 request.fail(error)
         waiting, self.waiting = self.waiting, collections.deque()
         if failure or lost:

@@ -171,11 +171,12 @@ class Pipeline:
                     settle((request, reply))
                     continue
                 self.passing = None   # its end settles its request as a whole reply does
-            if fits and not fits(request.data, reply, framed=True):
+            if fits and not request.sync and not fits(request.data, reply, framed=True):
                 return settled, Misstep("a reply that does not fit its request",
                                         "upstream out of step: a reply did not fit its request",
                                         reply, request)
             owed.popleft()   # the load-bearing line: a reply settles the oldest request owed
+            # a sync is the pool's own: synced() judges its reply, not a client's session
             if request.sync and (reason := self.framing.synced(request.data, reply)):
                 return settled, Misstep(f"the connection could not take a client's state: "
                                         f"{reason}")

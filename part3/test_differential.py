@@ -152,6 +152,9 @@ def pools(redis):
 @example(commands=[("SELECT", "3"), ("SET", "probe", "1"), ("SELECT", "0"), ("GET", "probe"),
                    ("SELECT", "3"), ("GET", "probe")], cuts="whole")
 @example(commands=[("GET", "k"), ("HELLO", "3")], cuts="whole")
+# A WATCH, then HELLO both ways, with writes between, sent whole.
+@example(commands=[("WATCH", "k"), ("SET", "k", ""), ("HELLO", "3"), ("SET", "k", ""),
+                   ("HELLO", "2")], cuts="whole")
 # A write and reads of it, pipelined: on two connections a read could run before its write.
 @example(commands=[("SET", "k", "1"), ("GET", "k"), ("APPEND", "k", "abc"), ("GET", "k"),
                    ("INCR", "n"), ("GET", "n")], cuts="whole")
