@@ -370,8 +370,9 @@ def test_every_figure_computed_here_is_stated_in_the_commentary():
 
 
 def part_two_defaults():
-    """The rows of Part two's defaults table (section 15), built from the defaults that
-    ManagedProxy and its parts declare: its own, ManagedClient's, ManagedSet's, the cache's."""
+    """The rows of Part two's defaults table (in part2/managed.py's docstring, which section
+    15 points to), built from the defaults that ManagedProxy and its parts declare: its own,
+    ManagedClient's, ManagedSet's, the cache's."""
     from part2 import managed
     proxy = inspect.signature(managed.ManagedProxy).parameters
     client = inspect.signature(managed.ManagedClient).parameters
@@ -379,26 +380,35 @@ def part_two_defaults():
     cache = managed.DEFAULTS
     no_limit = ("no limit" if managed_set["pending_calls_max"].default is None
                 else managed_set["pending_calls_max"].default)
+    max_clients = ("no limit" if managed.ManagedProxy.max_clients is None
+                   else managed.ManagedProxy.max_clients)
     ping = {False: "off", True: "on"}[client["initial_ping"].default]
     fatal = {True: "fatal", False: "not fatal"}
     return [
-        f"| `msg_timeout` | {proxy['msg_timeout'].default:g} s, "
-        f"{fatal[proxy['msg_timeout_is_fatal'].default]} (`ManagedClient`, `ManagedSet`: "
-        f"{client['msg_timeout'].default:g}, {fatal[client['msg_timeout_is_fatal'].default]}) |",
-        f"| `idle_timeout` | {client['idle_timeout'].default:g} |",
-        f"| `initial_ping` | {ping} |",
-        f"| `pending_calls_max` / `pending_calls_norm` | {no_limit} / "
-        f"{managed_set['pending_calls_norm'].default} |",
-        f"| `idempotent_max` / `idempotent_wait` | {managed_set['idempotent_max'].default} / "
-        f"{managed_set['idempotent_wait'].default:g} s (Ocamlnet: 5 s) |",
+        f"msg_timeout {proxy['msg_timeout'].default:g} s, "
+        f"{fatal[proxy['msg_timeout_is_fatal'].default]} (ManagedClient, ManagedSet: "
+        f"{client['msg_timeout'].default:g}, {fatal[client['msg_timeout_is_fatal'].default]}).",
+        f"idle_timeout {client['idle_timeout'].default:g}.",
+        f"initial_ping {ping}.",
+        f"pending_calls_max / pending_calls_norm {no_limit} / "
+        f"{managed_set['pending_calls_norm'].default}.",
+        f"idempotent_max / idempotent_wait {managed_set['idempotent_max'].default} / "
+        f"{managed_set['idempotent_wait'].default:g} s (Ocamlnet: 5 s).",
         f"threshold {cache['threshold']}, "
         f"windows of {cache['disable_timeout_min']:g} s doubling to "
-        f"{cache['disable_timeout_max']:g} s",
+        f"{cache['disable_timeout_max']:g} s.",
+        f"request_timeout {proxy['request_timeout'].default:g} s ",
+        f"hold_timeout {proxy['hold_timeout'].default:g} s ",
+        f"checkout_timeout {proxy['checkout_timeout'].default:g} s ",
+        f"max_clients {max_clients} ",
     ]
 
 
 def test_part_two_defaults_table_states_the_defaults_managed_py_declares():
-    defaults = flat(section(r"what you get by default"))
+    from part2 import managed
+    doc = managed.__doc__
+    assert "What you get by default" in doc and section(r"by default|defaults")   # section 15 points there
+    defaults = flat(doc[doc.index("What you get by default"):])
     assert [row for row in part_two_defaults() if flat(row) not in defaults] == []
 
 
