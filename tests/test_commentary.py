@@ -147,7 +147,7 @@ def test_every_picture_is_shown_with_a_one_line_caption_under_it():
 
 
 # Each part's size in bytes at most: a reader's budget, so a new section is paid for by a cut.
-PART_CAPS = {"Part one": 32_400, "Part two": 15_000, "Part three": 19_800, "Appendix": 3_000}
+PART_CAPS = {"Part one": 32_400, "Part two": 13_500, "Part three": 19_800, "Appendix": 3_000}
 HEADLINE_WORDS = 1_500   # the headline transcript comes before this many words
 
 
