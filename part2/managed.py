@@ -52,7 +52,8 @@ with services a list of (address, connections) and nothing else.
                        the transaction refused.
     checkout_timeout   5 s to wait for a connection of one's own; then an error.
     max_clients        no limit (a class attribute). Past it a client is told "max number
-                       of clients reached", redis-server's own words, and closed.
+                       of clients reached", redis-server's own words (its
+                       src/networking.c, acceptCommonHandler()), and closed.
 
 The proxy's 5 s is FramedProxy's reply_timeout. A healthy redis-server answers every
 command it shares a connection for at once, and a wait has a connection of its own.

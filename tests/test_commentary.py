@@ -407,7 +407,8 @@ def part_two_defaults():
 def test_part_two_defaults_table_states_the_defaults_managed_py_declares():
     from part2 import managed
     doc = managed.__doc__
-    assert "What you get by default" in doc and section(r"by default|defaults")   # section 15 points there
+    # the table lives in the docstring; section 15 points there
+    assert "What you get by default" in doc and section(r"by default|defaults")
     defaults = flat(doc[doc.index("What you get by default"):])
     assert [row for row in part_two_defaults() if flat(row) not in defaults] == []
 
