@@ -79,7 +79,7 @@ rpc_proxy.ml, rpc_client.ml).
         RESP reply carries no id, and only the queue knows it is still coming.
     A set's own cache. A set given none derives one with policy "independent", so a
         failed service is skipped until its window ends (the set's policy stays
-        balance_load). Ocamlnet's sets use the global cache, whose policy is `None
+        balance_load). Ocamlnet's sets use the global cache, whose policy is `None`
         (rpc_proxy.mli, global_rcache_config).
     Retries. A retry goes at once to a service not tried. Ocamlnet waits idempotent_wait
         before every retry (rpc_proxy.ml, idempotent_async_call).
