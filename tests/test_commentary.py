@@ -37,6 +37,7 @@ from ground.frames import MAX_LINE
 from ground.server import Hooks, Server
 from tcp_proxy import answer, FramedProxy
 
+from tests import prose
 from tests.prose import (COMMENTARY, HERE, MODULE, blocks_of, contiguous_at, fenced_blocks,
                          headings, runs, section, text, transcripts, without_fences)
 
@@ -176,6 +177,26 @@ def test_the_thesis_is_said_in_the_first_thousand_words():
 
 def test_part_one_stays_within_its_words():
     assert len(part("Part one").split()) <= PART_ONE_WORDS
+
+
+WHOLE_WORDS = 10_000   # the whole commentary's words at most (`wc -w COMMENTARY.md`)
+# The running prose's style at most (tests/prose.py's style(): words per sentence, colons
+# and semicolons per 100 words), so that a full stop keeps doing what a colon would.
+STYLE_CEILINGS = (13.0, 1.4, 0.4)
+
+
+def test_the_whole_stays_within_its_words():
+    assert len(text().split()) <= WHOLE_WORDS
+
+
+def test_the_running_prose_keeps_short_sentences_and_few_colons_and_semicolons():
+    measured = prose.style()
+    assert all(value <= ceiling for value, ceiling in zip(measured, STYLE_CEILINGS)), measured
+
+
+def test_the_style_count_ends_a_sentence_at_a_full_stop_and_counts_colons_outside_code():
+    source = "## T\n\nOne two three. Four `a:b` five: six; seven.\n\n```sh\nx: y; z.\n```\n"
+    assert prose.style(source) == (4.0, 12.5, 12.5)
 
 
 def test_the_headline_transcript_comes_early():
