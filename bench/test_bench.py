@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench, bench_part3, cited, machinery, mechanisms, placement, redis_peers
+from bench import (bench, bench_part3, cited, machinery, mechanisms, placement, redis_peers,
+                   trip)
 from conftest import need_redis
 from part3 import resp
 from part3.redis_server import RedisControl, RedisServer, read_resp
@@ -657,3 +658,14 @@ def test_one_small_attack_on_framed_serve_records_each_sides_outcome_the_stats_a
     assert record["attacker"]["held"] == 0 and "inline" in record["attacker"]["said"]
     assert "clients.turned_away" in record["stats"] and record["peak_rss_mb"] > 1
     assert attacks.worst([record])[0]["right"] == 10
+
+
+def test_a_trip_counts_the_pools_own_calls_for_one_get_and_none_of_the_upstreams():
+    trips = {label: trip.one_trip(make_pool) for label, make_pool in trip.POOLS.items()}
+    framed, managed = trips["FramedProxy"].calls, trips["ManagedProxy"].calls
+    assert ("tcp_proxy.py", "FramedProxy.checkin") in framed
+    assert ("part2/pipeline.py", "Pipeline.feed") in managed
+    assert ("part2/pipeline.py", "ClientStream.replied") in managed
+    for calls in (framed, managed):
+        assert not [name for _, name in calls if name.startswith(trip.LEFT_OUT)]
+        assert not [path for path, _ in calls if path.startswith((".venv", "bench/"))]
