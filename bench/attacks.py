@@ -303,14 +303,7 @@ class HonestClient:
             except (OSError, ValueError) as error:   # a break, a timeout, bytes no reply is
                 outcome = one_line(error)
                 self.close()
-            figures["slowest_ms"] = max(figures["slowest_ms"],
-                                        (time.perf_counter() - started) * 1000)
-            figures["done"] += 1
-            if outcome in ("right", "wrong"):
-                figures[outcome] += 1
-            else:
-                figures["errors"] += 1
-                errors[outcome] += 1
+            tally(figures, errors, outcome, started)
         figures["said"] = [f"{text} (x{times})" for text, times in errors.most_common(3)]
         return figures
 
@@ -332,6 +325,18 @@ class HonestClient:
             return failed
         return (judged(self.ask(b"EXEC"), b"*1\r\n+OK\r\n")
                 or judged(self.ask(b"GET", key), bulk(value)) or "right")
+
+
+def tally(figures, errors, outcome, started):
+    """One pair's outcome counted: its time (from perf_counter() `started`) against the
+    slowest, right or wrong, or an error counted by its text in `errors` (a Counter)."""
+    figures["slowest_ms"] = max(figures["slowest_ms"], (time.perf_counter() - started) * 1000)
+    figures["done"] += 1
+    if outcome in ("right", "wrong"):
+        figures[outcome] += 1
+    else:
+        figures["errors"] += 1
+        errors[outcome] += 1
 
 
 def judged(reply, owed):
@@ -1397,14 +1402,7 @@ class AclInterleave(Attack):
                 except (OSError, ValueError) as error:
                     outcome = one_line(error)
                     client.close()
-                figures["slowest_ms"] = max(figures["slowest_ms"],
-                                            (time.perf_counter() - started) * 1000)
-                figures["done"] += 1
-                if outcome in ("right", "wrong"):
-                    figures[outcome] += 1
-                else:
-                    figures["errors"] += 1
-                    said[outcome] += 1
+                tally(figures, said, outcome, started)
         finally:
             client.close()
         figures["said"] = list(said.elements())
