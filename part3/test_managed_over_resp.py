@@ -15,7 +15,8 @@ from part3.redis_server import RedisControl, read_resp, redis_and_control
 from part3.resp import RESP, Resp
 from scaffolding import kit
 from scaffolding.faults import FaultyUpstream
-from ground.server import Hooks
+from ground.server import Hooks, shutdown
+from tcp_proxy import PassthroughProxy
 
 
 # --- replies RESP cannot frame ---------------------------------------------------------------
@@ -158,3 +159,35 @@ def test_a_request_that_asks_no_state_takes_the_connection_as_it_is_after_the_po
     data = core.queue([Request(None, GET_K)])   # a thread's call: no state of its own
     data += core.queue([Request(None, GET_K, RESP.fresh_state)])   # as the connection was opened
     assert data == resp_array(b"AUTH", b"secret") + GET_K + GET_K
+
+
+# --- the pool's own syncs ---------------------------------------------------------------------
+
+class CutsAtHello3(PassthroughProxy):
+    """A relay in front of redis-server that ends both sides of any connection on which a
+    `HELLO 3` goes up (the pool's own sync of a client's protocol), before it arrives."""
+
+    def _one_way(self, source, sink, counter):
+        def deliver(data):
+            if counter == "forwarded" and b"HELLO\r\n$1\r\n3\r\n" in data:
+                shutdown(source)
+                shutdown(sink)
+                return
+            sink.sendall(data)
+        self.pump(source, deliver, counter)
+        shutdown(sink)
+
+
+def test_a_connection_lost_with_its_own_sync_owed_fails_the_clients_request_and_nothing_else(
+        redis):
+    """The sync (HELLO 3) is the pool's own request: its loss tells no client, and the
+    client's request behind it gets an error, the loop's handlers raising nothing."""
+    with CutsAtHello3(redis.addr) as relay, \
+            ManagedProxy([(relay.addr, 1)], framing=RESP) as proxy, \
+            socket.create_connection(proxy.addr, timeout=Hooks.hook_timeout) as sock:
+        reader = types.SimpleNamespace(sock=sock, unread=b"")
+        sock.sendall(b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n")   # answered by the pool itself
+        assert read_resp(reader).startswith(b"%")
+        sock.sendall(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n")   # behind the sync to RESP3
+        assert read_resp(reader) == b"-ERR MessageLost: upstream closed the connection\r\n"
+        assert proxy.loop.handler_errors == 0
