@@ -195,6 +195,8 @@ class Connection(Deadlines):
         self.abandoned = 0       # requests owed whose callers gave up
         self.idle_since = None
         self.timed_from = None   # when the reply owed first began to take the server's time
+        self.reader = None       # a long reply's client that reads slower than it comes: the
+                                 # connection waits for it while no one else's reply is owed
 
     def pending(self):   # placed here and not yet settled, abandoned ones (owed still) too
         return len(self.pipeline.owed) + len(self.waiting)
@@ -239,6 +241,8 @@ class Connection(Deadlines):
     def send(self, requests, at_once=False):
         """Requests placed on this connection: queued now when it is up with room, and
         nothing waits before them (or at_once: the ping, those that waited); else they wait."""
+        if self.reader is not None:   # another request: no one waits for a slow reader
+            self.read_on()
         if at_once or self.state == "up" and not self.waiting and \
                 len(self.transport.out) < QUEUED_MAX:
             client = self.client
@@ -295,10 +299,11 @@ class Connection(Deadlines):
         pipeline, client = self.pipeline, self.client
         settled, misstep = pipeline.feed(data)
         last, on_event, replies, whole = len(settled) - 1, client.on_event, 0, 0
+        reader = None   # the client a long reply's piece went to
         for index, (request, message) in enumerate(settled):
             if type(message) is not bytes and not isinstance(message, Passed):   # a piece
                 if not request.abandoned:
-                    request.client.passing(request, message)
+                    reader = request.client.passing(request, message)
                 continue
             whole += 1
             if request.abandoned:
@@ -329,6 +334,31 @@ class Connection(Deadlines):
             self.end(misstep.reason, MessageLost(misstep.lost))
             if misstep.reply is not None:   # the reply that proved it is told too
                 client._tell("reply", self, misstep.reply, oldest)
+        elif reader is not None and pipeline.passing is not None and \
+                len(pipeline.owed) == 1 and not self.waiting and reader.behind():
+            self.wait_for(reader, pipeline.passing)
+
+    # -- a long reply's slow reader --
+
+    def wait_for(self, reader, request):
+        """Read no more until the reader catches up (or goes, or another request comes): the
+        rest of its reply waits in the server, not here. Its deadline is the reader's now,
+        not the server's, and is set again once reading goes on."""
+        self.reader = reader
+        self.transport.pause()
+        request.deadline = None
+        reader.when_caught_up(self.read_on)
+
+    def read_on(self):
+        if self.reader is None:
+            return
+        self.reader = None
+        if self.ended:
+            return
+        self.transport.resume()
+        if self.pipeline.passing is not None and self.client.timeout is not None:
+            self.pipeline.passing.deadline = self.client.clock.now() + self.client.timeout
+            self.arm()
 
     def _idle(self, request):
         """The last reply owed has come."""

@@ -46,6 +46,7 @@ class ProxyClient(ClientStream):
         self.session.addresses = (sock.getpeername(), sock.getsockname())
         self.request_timer = None   # a request has begun: it has request_timeout to end
         self.hold_timer = None      # it holds a connection: hold_timeout for its next request
+        self.catching_up = []       # what waits for it to catch up: told then, or when it goes
 
     # -- every lend has an end --
 
@@ -121,6 +122,18 @@ class ProxyClient(ClientStream):
             self.close()
         else:
             self.bounded()
+
+    def behind(self):
+        return self.backlog() >= BACKLOG_HIGH
+
+    def when_caught_up(self, function):
+        self.catching_up.append(function)
+        self.transport.when_drained(self._caught_up, BACKLOG_HIGH)
+
+    def _caught_up(self):
+        waiting, self.catching_up = self.catching_up, []
+        for function in waiting:
+            function()
 
     def bounded(self):
         """Read on only while its replies keep up (requests owed, bytes kept, requests held,
@@ -318,6 +331,7 @@ class ProxyClient(ClientStream):
             self.queue.clear()
             self.parked = 0
             self.transport.close()
+            self._caught_up()   # what waited for it reads on: it will never catch up
             self.proxy.clients.discard(self)
             for link in (self.pinned, self.waiting_on, self.link):
                 if link is not None:

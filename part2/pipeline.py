@@ -420,6 +420,15 @@ class ClientStream:
     def overflowed(self):
         """A long reply's piece was kept for the client: a subclass holds it to its bound."""
 
+    def behind(self):
+        """True when the client reads its replies slower than they come (a subclass says;
+        the core keeps up)."""
+        return False
+
+    def when_caught_up(self, function):
+        """function() once the client has caught up, or has gone (a subclass's transport)."""
+        function()
+
     def cut(self):
         """Half a long reply reached the client and the rest never will: nothing more is read."""
         self.ended = True

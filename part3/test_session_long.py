@@ -5,7 +5,7 @@ import re
 import socket
 
 from part2.managed import ManagedProxy
-from part3.conftest import Client, array, lost, make_pool
+from part3.conftest import Client, array, lost, make_pool, wait_for
 from part3.resp import RESP
 from ground.frames import Frames
 from ground.server import Server, shutdown
@@ -69,6 +69,45 @@ def test_a_value_many_windows_long_goes_through_the_pool_and_back_in_bounded_mem
         assert (read, wrong, lost(proxy)) == (VALUE, 0, (0, 0))
     assert control.command("STRLEN huge") == b":%d\r\n" % VALUE
     assert grown < 16 << 20, f"{grown >> 20} MB"
+
+
+def test_a_long_reply_waits_in_the_server_for_its_lone_slow_reader_and_never_for_another(
+        redis, control):
+    """ManagedProxy over one connection: a client GETs a value many windows long and reads
+    none of it. With no other reply owed there, the connection stops reading once the
+    client is a window behind, so the pool holds a window, not the value. Another client's
+    GET is answered at once: the connection reads on, the rest of the value kept for its
+    slow reader. That reader then gets every byte, in order."""
+    value = bytes(range(256)) * (BIG // 256)
+    control.command("FLUSHALL")
+    setter = Client(redis.addr)
+    assert setter.ask(array("SET", "big", value)) == [b"+OK\r\n"]
+    setter.close()
+    with ManagedProxy([(redis.addr, 1)], framing=RESP) as proxy:
+        slow, other = Client(proxy.addr), Client(proxy.addr)
+        try:
+            slow.send(array("GET", "big"))
+            wait_for(lambda: proxy.loop.ask(lambda: waiting_for_a_reader(proxy)),
+                     "the connection waiting for its slow reader")
+            held = proxy.loop.ask(lambda: max(stream.backlog() for stream in proxy.clients))
+            assert held < BIG // 2
+            assert other.ask(array("GET", "x")) == [b"$-1\r\n"]
+            expected = b"$%d\r\n%s\r\n" % (BIG, value)
+            received = bytearray()
+            while len(received) < len(expected) and (data := slow.sock.recv(1 << 16)):
+                received += data
+            assert received == expected
+        finally:
+            slow.close()
+            other.close()
+        assert lost(proxy) == (0, 0)
+
+
+def waiting_for_a_reader(proxy):
+    """True once the set's one connection waits for a long reply's slow reader."""
+    clients = proxy.managed_set.clients[0]
+    connection = clients[0].connection if clients else None
+    return connection is not None and connection.reader is not None
 
 
 def test_a_long_reply_whose_first_bytes_cannot_answer_the_request_reaches_no_one(redis, clients):
