@@ -2,11 +2,14 @@
 with redis-py from the project's venv as "your client", and what the exercise says to look
 for checked in the relay's log. Needs redis-server.
 """
+import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import redis
@@ -30,19 +33,47 @@ class Relay:
         found = re.search(r"relay on ([\d.]+):(\d+)", first)
         assert found, f"the relay printed no address: {first!r}"
         self.addr = (found.group(1), int(found.group(2)))
+        self.lines = queue.Queue()   # every line after the address, as the relay prints it
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
         return self
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def wait_line(self, line, within=HOLD + TIMEOUT):
+        """Read the relay's lines until one ends with `line` (a held reply's fate is told
+        once its client has gone or its hold is over), within a deadline; the lines read are
+        kept for log()."""
+        self.read = getattr(self, "read", [])
+        deadline = time.monotonic() + within
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self.read.append(self.lines.get(timeout=left))
+            except queue.Empty:
+                break
+            if self.read[-1].endswith(line):
+                return
+        raise AssertionError(f"the relay never printed {line!r}: {self.read}")
 
     def log(self):
         """Every line the relay printed after its address, once it has ended."""
         self.process.send_signal(signal.SIGTERM)
-        out, _ = self.process.communicate(timeout=TIMEOUT)
+        self.process.wait(timeout=TIMEOUT)
+        self.reader.join(TIMEOUT)
         assert self.process.returncode == 0
-        return out.splitlines()
+        rest = []
+        while not self.lines.empty():
+            rest.append(self.lines.get())
+        return getattr(self, "read", []) + rest
 
     def __exit__(self, *exc_info):
         if self.process.poll() is None:
             self.process.kill()
-            self.process.communicate()
+            self.process.wait(timeout=TIMEOUT)
+        self.reader.join(TIMEOUT)
+        self.process.stdout.close()
 
 
 def connection_of(log, request):
@@ -60,6 +91,7 @@ def test_your_client_through_the_relay_closes_the_connection_that_owed_a_reply()
             client.get("slow")
         assert client.get("a") == b"value-of-a"
         client.close()
+        relay.wait_line(": GET slow's reply dropped, its client gone")
         log = relay.log()
     first, then = connection_of(log, "GET slow"), connection_of(log, "GET a")
     assert then != first   # GET a went on a new connection ...
