@@ -342,11 +342,12 @@ class Connection(Deadlines):
 
     def wait_for(self, reader, request):
         """Read no more until the reader catches up (or goes, or another request comes): the
-        rest of its reply waits in the server, not here. Its deadline is the reader's now,
-        not the server's, and is set again once reading goes on."""
+        rest of its reply waits in the server, not here. Its deadline is now the reader's:
+        msg_timeout to catch up, set again each time reading goes on; a reader that never
+        does ends the connection as a silent server would."""
         self.reader = reader
         self.transport.pause()
-        request.deadline = None
+        self._due_from_now(request)
         reader.when_caught_up(self.read_on)
 
     def read_on(self):
@@ -356,9 +357,13 @@ class Connection(Deadlines):
         if self.ended:
             return
         self.transport.resume()
-        if self.pipeline.passing is not None and self.client.timeout is not None:
-            self.pipeline.passing.deadline = self.client.clock.now() + self.client.timeout
-            self.arm()
+        if self.pipeline.passing is not None:
+            self._due_from_now(self.pipeline.passing)
+
+    def _due_from_now(self, request):
+        timeout = self.client.timeout
+        request.deadline = None if timeout is None else self.client.clock.now() + timeout
+        self.arm()
 
     def _idle(self, request):
         """The last reply owed has come."""

@@ -103,6 +103,27 @@ def test_a_long_reply_waits_in_the_server_for_its_lone_slow_reader_and_never_for
         assert lost(proxy) == (0, 0)
 
 
+def test_a_slow_reader_that_never_catches_up_ends_the_wait_at_its_deadline(redis, control):
+    """The wait for a long reply's reader has a deadline (msg_timeout, from each catch-up):
+    a reader that never reads ends the connection, which the next request finds remade."""
+    setter = Client(redis.addr)
+    assert setter.ask(array("SET", "big", b"b" * BIG)) == [b"+OK\r\n"]
+    setter.close()
+    with ManagedProxy([(redis.addr, 1)], framing=RESP, msg_timeout=0.5) as proxy:
+        slow, other = Client(proxy.addr), Client(proxy.addr)
+        try:
+            slow.send(array("GET", "big"))
+            wait_for(lambda: proxy.loop.ask(lambda: waiting_for_a_reader(proxy)),
+                     "the connection waiting for its slow reader")
+            managed = proxy.managed_set.clients[0][0]
+            wait_for(lambda: ("up", "down", "message timeout (fatal)") in proxy.loop.ask(
+                lambda: list(managed.transition_log)), "the wait's end at its deadline")
+            assert other.ask(array("GET", "x")) == [b"$-1\r\n"]
+        finally:
+            slow.close()
+            other.close()
+
+
 def waiting_for_a_reader(proxy):
     """True once the set's one connection waits for a long reply's slow reader."""
     clients = proxy.managed_set.clients[0]
